@@ -1,0 +1,211 @@
+"""The alternating-offers protocol: one negotiation between two negotiators, from first offer to outcome."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from nego.scenarios.issues import InvalidValueError
+from nego.scenarios.scenario import Role, Scenario
+
+from .types import (
+    Action,
+    ActionKind,
+    EndReason,
+    NegotiationResult,
+    Observation,
+    Offer,
+    Outcome,
+    PublicMove,
+    Turn,
+    Usage,
+)
+
+
+@runtime_checkable
+class Negotiator(Protocol):
+    """Anything that can bargain: given what its side may see, return its next action."""
+
+    async def act(self, obs: Observation) -> Action: ...
+
+
+class NegotiatorError(RuntimeError):
+    """A negotiator could not act at all (its backend kept failing); the negotiation ends with an error outcome."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolConfig:
+    """Rules of the game that are not part of a scenario."""
+
+    max_retries: int = 2
+    """Invalid attempts answered with feedback before the turn is forfeited (so 1 + max_retries tries)."""
+    turn_timeout_s: float | None = None
+    """Wall-clock limit for one call of ``act``; past it the negotiation ends with an error outcome."""
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.turn_timeout_s is not None and self.turn_timeout_s <= 0:
+            raise ValueError(f"turn_timeout_s must be positive, got {self.turn_timeout_s}")
+
+
+def check_offer(scenario: Scenario, offer: Offer | None) -> tuple[Offer | None, str | None]:
+    """Validate an offer against the scenario. Returns (normalised offer, None) or (None, feedback)."""
+    if offer is None:
+        return None, "an offer must assign a value to every issue; none was given"
+    names = [i.name for i in scenario.issues]
+    unknown = [k for k in offer if k not in names]
+    missing = [n for n in names if n not in offer]
+    problems = []
+    if unknown:
+        problems.append(f"unknown issue(s) {', '.join(map(repr, unknown))}; the issues are {', '.join(names)}")
+    if missing:
+        problems.append(f"missing value(s) for {', '.join(missing)}: an offer must be complete")
+    values = {}
+    for issue in scenario.issues:
+        if issue.name in offer:
+            try:
+                values[issue.name] = issue.validate(offer[issue.name])
+            except InvalidValueError as e:
+                problems.append(str(e))
+    if problems:
+        return None, "; ".join(problems)
+    return Offer(values), None
+
+
+async def run_negotiation(
+    scenario: Scenario,
+    seller: Negotiator,
+    buyer: Negotiator,
+    *,
+    seed: int = 0,
+    config: ProtocolConfig | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+) -> NegotiationResult:
+    """Play one negotiation to its end and return every turn and the outcome.
+
+    Each side receives only its own :class:`Observation`. Invalid actions get feedback and up to
+    ``config.max_retries`` retries, then the turn is forfeited; nothing is silently repaired.
+    The result depends only on (scenario, negotiators, seed): negotiators derive their randomness from the
+    seed they were built with, and this function uses none.
+    """
+    cfg = config or ProtocolConfig()
+    views = {Role.SELLER: scenario.view_for(Role.SELLER), Role.BUYER: scenario.view_for(Role.BUYER)}
+    agents = {Role.SELLER: seller, Role.BUYER: buyer}
+    invalid = {Role.SELLER: 0, Role.BUYER: 0}
+    forfeits = {Role.SELLER: 0, Role.BUYER: 0}
+    usage = {Role.SELLER: Usage(), Role.BUYER: Usage()}
+    history: list[PublicMove] = []
+    turns: list[Turn] = []
+    standing: Offer | None = None
+    standing_by: Role | None = None
+    first, second = scenario.opener, scenario.opener.other
+
+    def record(turn: Turn) -> None:
+        turns.append(turn)
+        if on_turn is not None:
+            on_turn(turn)
+
+    def finish(reason: EndReason, rnd: int, by: Role | None, agreement: Offer | None = None, error: str = ""):
+        if agreement is not None:
+            us, ub = (
+                scenario.seller.utility(agreement, scenario.issues),
+                scenario.buyer.utility(agreement, scenario.issues),
+            )
+        else:
+            us, ub = scenario.seller.reservation, scenario.buyer.reservation
+        outcome = Outcome(
+            end_reason=reason,
+            agreement=agreement,
+            seller_utility=us,
+            buyer_utility=ub,
+            rounds=rnd,
+            turns=len(turns),
+            ended_by=by,
+            invalid_seller=invalid[Role.SELLER],
+            invalid_buyer=invalid[Role.BUYER],
+            forfeits_seller=forfeits[Role.SELLER],
+            forfeits_buyer=forfeits[Role.BUYER],
+            error=error,
+        )
+        return NegotiationResult(scenario.id, seed, outcome, tuple(turns), usage[Role.SELLER], usage[Role.BUYER])
+
+    for rnd in range(1, scenario.max_rounds + 1):
+        for role in (first, second):
+            feedback: str | None = None
+            for attempt in range(cfg.max_retries + 1):
+                obs = Observation(
+                    scenario=views[role],
+                    history=tuple(history),
+                    round=rnd,
+                    standing_offer=standing if standing_by is not role else None,
+                    feedback=feedback,
+                    attempt=attempt,
+                )
+                try:
+                    if cfg.turn_timeout_s is None:
+                        action = await agents[role].act(obs)
+                    else:
+                        action = await asyncio.wait_for(agents[role].act(obs), cfg.turn_timeout_s)
+                except TimeoutError:
+                    return finish(EndReason.ERROR, rnd, role, error=f"{role} did not act within {cfg.turn_timeout_s} s")
+                except Exception as e:  # a failing backend ends this negotiation, never the market
+                    return finish(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
+                if action.usage is not None:
+                    usage[role] = usage[role] + action.usage
+                feedback, action = _judge(scenario, action, standing, standing_by, role)
+                offer = action.offer if action.kind is ActionKind.OFFER else None
+                record(
+                    Turn(
+                        index=len(turns),
+                        round=rnd,
+                        role=role,
+                        attempt=attempt,
+                        action=action,
+                        valid=feedback is None,
+                        feedback=feedback,
+                        utility_seller=scenario.seller.utility(offer, scenario.issues)
+                        if offer and not feedback
+                        else None,
+                        utility_buyer=scenario.buyer.utility(offer, scenario.issues)
+                        if offer and not feedback
+                        else None,
+                    )
+                )
+                if feedback is not None:
+                    invalid[role] += 1
+                    continue
+                history.append(PublicMove(rnd, role, action.kind, offer, action.message))
+                if action.kind is ActionKind.ACCEPT:
+                    return finish(EndReason.AGREEMENT, rnd, role, agreement=standing)
+                if action.kind is ActionKind.WALK_AWAY:
+                    return finish(EndReason.WALK_AWAY, rnd, role)
+                standing, standing_by = offer, role
+                break
+            else:
+                forfeits[role] += 1
+    return finish(EndReason.DEADLINE, scenario.max_rounds, None)
+
+
+def _judge(
+    scenario: Scenario, action: Action, standing: Offer | None, standing_by: Role | None, role: Role
+) -> tuple[str | None, Action]:
+    """(feedback, action): feedback is None if the action is legal now; a legal offer comes back normalised."""
+    if not isinstance(action, Action):
+        return f"act() must return an Action, got {type(action).__name__}", Action.invalid(repr(action), "")
+    if action.kind is ActionKind.INVALID:
+        return action.error or "the reply could not be understood as an action", action
+    if action.kind is ActionKind.ACCEPT:
+        if standing is None or standing_by is role:
+            return "there is no offer from the other side to accept yet; make an offer instead", action
+        return None, action
+    if action.kind is ActionKind.OFFER:
+        offer, feedback = check_offer(scenario, action.offer)
+        if feedback is not None:
+            return feedback, action
+        if offer != action.offer or any(type(offer[k]) is not type(action.offer[k]) for k in offer):
+            action = Action(action.kind, offer, action.message, action.raw, action.error, action.usage)
+        return None, action
+    return None, action

@@ -1,0 +1,109 @@
+"""Private preferences: linear-additive utilities in [0, 1] with a reservation value."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from .issues import Issue, IssueKind, Value
+
+
+class Direction(StrEnum):
+    INCREASING = "increasing"
+    DECREASING = "decreasing"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueFunction:
+    """Maps one issue's values to [0, 1]: linear in a direction for numeric issues, a table for categorical ones."""
+
+    direction: Direction | None = None
+    table: tuple[tuple[str, float], ...] = ()
+
+    @staticmethod
+    def increasing() -> ValueFunction:
+        return ValueFunction(direction=Direction.INCREASING)
+
+    @staticmethod
+    def decreasing() -> ValueFunction:
+        return ValueFunction(direction=Direction.DECREASING)
+
+    @staticmethod
+    def options(values: Mapping[str, float]) -> ValueFunction:
+        return ValueFunction(table=tuple(values.items()))
+
+    def __call__(self, issue: Issue, value: Value) -> float:
+        if issue.kind is IssueKind.CATEGORICAL:
+            return dict(self.table)[value]  # type: ignore[index]
+        x = (float(value) - issue.low) / (issue.high - issue.low)
+        return x if self.direction is Direction.INCREASING else 1.0 - x
+
+    def check(self, issue: Issue) -> None:
+        """Raise ValueError if this function does not fit ``issue``."""
+        if issue.kind is IssueKind.CATEGORICAL:
+            table = dict(self.table)
+            if set(table) != set(issue.options):
+                raise ValueError(
+                    f"values for {issue.name!r} must cover exactly its options {list(issue.options)}, "
+                    f"got {sorted(table)}"
+                )
+            bad = {k: v for k, v in table.items() if not (0.0 <= v <= 1.0)}
+            if bad:
+                raise ValueError(f"values for {issue.name!r} must lie in [0, 1], got {bad}")
+        elif self.direction is None:
+            raise ValueError(f"issue {issue.name!r} needs a direction: 'increasing' or 'decreasing'")
+
+    def grid_values(self, issue: Issue) -> np.ndarray:
+        """Values of this function on the issue's grid, as float64."""
+        return np.array([self(issue, v) for v in issue.grid()], dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Preferences:
+    """One side's private preferences: ``utility(offer) = sum_i w_i * v_i(offer[i])``, in [0, 1].
+
+    ``weights`` and ``values`` are keyed by issue name; weights are non-negative and sum to 1. ``reservation``
+    is the utility of walking away (the best alternative to a negotiated agreement).
+    """
+
+    weights: Mapping[str, float]
+    values: Mapping[str, ValueFunction]
+    reservation: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", dict(self.weights))
+        object.__setattr__(self, "values", dict(self.values))
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.weights.items())), tuple(sorted(self.values.items())), self.reservation))
+
+    def check(self, issues: tuple[Issue, ...]) -> None:
+        """Raise ValueError naming the first inconsistency with ``issues``."""
+        names = {i.name for i in issues}
+        if set(self.weights) != names:
+            raise ValueError(f"weights must name exactly the issues {sorted(names)}, got {sorted(self.weights)}")
+        if set(self.values) != names:
+            raise ValueError(f"values must name exactly the issues {sorted(names)}, got {sorted(self.values)}")
+        if any(w < 0 or not math.isfinite(w) for w in self.weights.values()):
+            raise ValueError(f"weights must be non-negative, got {self.weights}")
+        total = sum(self.weights.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"weights must sum to 1, got {total:.6g}: divide each by {total:.6g}")
+        if not (0.0 <= self.reservation <= 1.0):
+            raise ValueError(f"reservation must lie in [0, 1], got {self.reservation}")
+        for issue in issues:
+            self.values[issue.name].check(issue)
+
+    def utility(self, offer: Mapping[str, Value], issues: tuple[Issue, ...]) -> float:
+        u = 0.0
+        for issue in issues:
+            u += self.weights[issue.name] * self.values[issue.name](issue, offer[issue.name])
+        return min(1.0, max(0.0, u))
+
+    def grid_utilities(self, issues: tuple[Issue, ...]) -> list[np.ndarray]:
+        """Weighted per-issue utility contributions on each issue's grid (sum one entry of each = utility)."""
+        return [self.weights[i.name] * self.values[i.name].grid_values(i) for i in issues]
