@@ -1,0 +1,215 @@
+"""From a model's reply to a checked :class:`Action`: the action tools, the accepted formats, the parser.
+
+A reply is read in this order and nothing else is tried:
+
+1. tool calls (``make_offer``, ``accept``, ``walk_away``): the LAST well-formed call wins (a known tool name
+   and arguments that are a JSON object);
+2. otherwise the reply text: every top-level JSON object in it (fenced in a ```json block or bare) that has an
+   ``"action"`` of ``"offer"``, ``"accept"`` or ``"walk_away"``; the LAST such block wins.
+
+The chosen action is then checked against the scenario's issues (types, ranges, completeness). Numbers are
+never guessed from prose: anything that is not one of these shapes becomes ``Action.invalid`` with a reason
+precise enough to be sent back to the model as feedback.
+
+``Action.raw`` records what the model produced as a JSON envelope (see :func:`raw_envelope`):
+``{"prompt": "<template id>", "text": "...", "tool_calls": [{"name": ..., "arguments": ...}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nego.market.types import Action, ActionKind, Offer
+from nego.scenarios.issues import InvalidValueError, Issue, IssueKind
+
+from .backends.base import ACTION_TOOLS, TOOL_ACCEPT, TOOL_OFFER, TOOL_WALK_AWAY, ChatResponse, ToolCall, ToolSpec
+
+TEXT_ACTIONS = {"offer": ActionKind.OFFER, "accept": ActionKind.ACCEPT, "walk_away": ActionKind.WALK_AWAY}
+_MAX_SCAN_CHARS = 50_000  # a reply longer than this is cut before scanning: bounded work on hostile input
+
+_MESSAGE_SCHEMA = {"type": "string", "description": "A short message shown to the other side."}
+
+
+def issue_schema(issue: Issue) -> dict[str, Any]:
+    """JSON Schema of one issue's value, with its range and unit in the description."""
+    if issue.kind is IssueKind.CATEGORICAL:
+        return {"type": "string", "enum": list(issue.options), "description": issue.describe()}
+    kind = "integer" if issue.kind is IssueKind.INT else "number"
+    return {"type": kind, "minimum": issue.low, "maximum": issue.high, "description": issue.describe()}
+
+
+def action_tools(issues: Iterable[Issue]) -> tuple[ToolSpec, ...]:
+    """The three action tools for a scenario: ``make_offer`` (one required property per issue, plus an
+    optional ``message``), ``accept`` and ``walk_away`` (an optional ``message`` each)."""
+    issues = tuple(issues)
+    offer_props: dict[str, Any] = {i.name: issue_schema(i) for i in issues}
+    offer_props["message"] = _MESSAGE_SCHEMA
+    msg_only = {"type": "object", "properties": {"message": _MESSAGE_SCHEMA}, "required": []}
+    return (
+        ToolSpec(
+            TOOL_OFFER,
+            "Propose a complete deal: a value for every issue.",
+            {"type": "object", "properties": offer_props, "required": [i.name for i in issues]},
+        ),
+        ToolSpec(TOOL_ACCEPT, "Accept the other side's standing offer as it is.", msg_only),
+        ToolSpec(TOOL_WALK_AWAY, "End the negotiation without a deal.", msg_only),
+    )
+
+
+def action_to_json(action: Action) -> dict[str, Any]:
+    """The plain-text JSON form of a valid action, as the prompts ask models to write it."""
+    if action.kind is ActionKind.INVALID:
+        raise ValueError("an invalid action has no JSON form")
+    d: dict[str, Any] = {"action": action.kind.value}
+    if action.kind is ActionKind.OFFER:
+        d["offer"] = action.offer.to_dict()
+    d["message"] = action.message
+    return d
+
+
+def action_to_tool_call(action: Action) -> ToolCall:
+    """The tool-call form of a valid action (what a well-behaved model sends when offered the tools)."""
+    if action.kind is ActionKind.INVALID:
+        raise ValueError("an invalid action has no tool-call form")
+    name = {ActionKind.OFFER: TOOL_OFFER, ActionKind.ACCEPT: TOOL_ACCEPT, ActionKind.WALK_AWAY: TOOL_WALK_AWAY}
+    args: dict[str, Any] = dict(action.offer.to_dict()) if action.kind is ActionKind.OFFER else {}
+    args["message"] = action.message
+    return ToolCall(name[action.kind], json.dumps(args))
+
+
+def raw_envelope(prompt_id: str, response: ChatResponse) -> str:
+    """What gets stored in ``Action.raw``: the prompt id, the reply text and the raw tool calls, as JSON."""
+    calls = [{"name": c.name, "arguments": c.arguments} for c in response.tool_calls]
+    return json.dumps({"prompt": prompt_id, "text": response.text, "tool_calls": calls}, ensure_ascii=False)
+
+
+def read_envelope(raw: str) -> dict[str, Any]:
+    """Inverse of :func:`raw_envelope` (raises ValueError on anything else)."""
+    d = json.loads(raw)
+    if not isinstance(d, dict) or not {"prompt", "text", "tool_calls"} <= set(d):
+        raise ValueError("not a raw reply envelope")
+    return d
+
+
+def parse_response(response: ChatResponse, issues: tuple[Issue, ...], *, prompt_id: str = "") -> Action:
+    """Turn a model reply into a checked action (``raw`` and ``usage`` filled in), or an invalid one saying why."""
+    raw = raw_envelope(prompt_id, response)
+    action, error = _from_tool_calls(response.tool_calls, issues)
+    if action is None and (error is None or any(True for _ in action_blocks(response.text))):
+        # no tool calls, or none usable while the text holds an action block: the text decides
+        action, error = _from_text(response.text, issues)
+    if action is None:
+        return Action.invalid(raw, error or "no action found", usage=response.usage)
+    return Action(action.kind, action.offer, action.message, raw=raw, usage=response.usage)
+
+
+def parse_text(text: str, issues: tuple[Issue, ...]) -> Action:
+    """Parse a plain-text reply (no tool calls); ``raw`` is the text itself."""
+    action, error = _from_text(text, issues)
+    if action is None:
+        return Action.invalid(text, error or "no action found")
+    return Action(action.kind, action.offer, action.message, raw=text)
+
+
+def _from_tool_calls(calls: tuple[ToolCall, ...], issues: tuple[Issue, ...]) -> tuple[Action | None, str | None]:
+    """(action, None), (None, reason) or (None, None) when there are no tool calls at all."""
+    if not calls:
+        return None, None
+    problems = []
+    for call in reversed(calls):
+        if call.name not in ACTION_TOOLS:
+            problems.append(f"unknown tool {call.name!r}; the tools are {', '.join(ACTION_TOOLS)}")
+            continue
+        try:
+            args = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            problems.append(f"the arguments of {call.name} are not valid JSON ({e.msg} at char {e.pos})")
+            continue
+        if not isinstance(args, dict):
+            problems.append(f"the arguments of {call.name} must be a JSON object, got {type(args).__name__}")
+            continue
+        message = args.pop("message", "")
+        if call.name == TOOL_OFFER:
+            return _checked(ActionKind.OFFER, args, message, issues)
+        kind = ActionKind.ACCEPT if call.name == TOOL_ACCEPT else ActionKind.WALK_AWAY
+        return _checked(kind, None, message, issues)
+    return None, "no usable tool call: " + "; ".join(reversed(problems))
+
+
+def _from_text(text: str, issues: tuple[Issue, ...]) -> tuple[Action | None, str]:
+    blocks = list(action_blocks(text))
+    if not blocks:
+        return None, (
+            'no action found: reply with one JSON object such as {"action": "offer", "offer": {...}, '
+            '"message": "..."}, {"action": "accept"} or {"action": "walk_away"}'
+        )
+    block = blocks[-1]
+    kind = TEXT_ACTIONS[block["action"]]
+    message = block.get("message", "")
+    if kind is ActionKind.OFFER:
+        offer = block.get("offer")
+        if not isinstance(offer, dict):
+            return None, f'an "offer" action needs "offer": an object with a value for every issue; got {offer!r}'
+        return _checked(kind, offer, message, issues)
+    if "offer" in block:
+        return None, f'"{block["action"]}" takes no "offer"; to propose terms use "action": "offer"'
+    return _checked(kind, None, message, issues)
+
+
+def action_blocks(text: str) -> Iterable[dict[str, Any]]:
+    """Every top-level JSON object in ``text`` whose ``"action"`` is a known action name, in order.
+
+    Objects that are not action blocks are looked into (an action may be wrapped in other JSON); action
+    blocks are not (their own inner objects are never separate actions).
+    """
+    text = text[:_MAX_SCAN_CHARS]
+    decoder = json.JSONDecoder()
+    pos = text.find("{")
+    while pos != -1:
+        end = pos + 1
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict) and obj.get("action") in TEXT_ACTIONS:
+            yield obj
+            pos = text.find("{", end)
+        else:
+            pos = text.find("{", pos + 1)
+
+
+def _checked(
+    kind: ActionKind, offer: Mapping[str, Any] | None, message: Any, issues: tuple[Issue, ...]
+) -> tuple[Action | None, str | None]:
+    if not isinstance(message, str):
+        return None, f'"message" must be a string, got {type(message).__name__}'
+    if kind is not ActionKind.OFFER:
+        return Action(kind, message=message), None
+    checked, error = check_offer_values(offer or {}, issues)
+    if checked is None:
+        return None, error
+    return Action.make_offer(checked, message), None
+
+
+def check_offer_values(values: Mapping[str, Any], issues: tuple[Issue, ...]) -> tuple[Offer | None, str | None]:
+    """(normalised offer, None) or (None, every problem found): unknown issues, missing ones, bad values."""
+    names = [i.name for i in issues]
+    problems = []
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        problems.append(f"unknown issue(s) {', '.join(map(repr, unknown))}; the issues are {', '.join(names)}")
+    missing = [n for n in names if n not in values]
+    if missing:
+        problems.append(f"missing value(s) for {', '.join(missing)}: an offer must be complete")
+    out = {}
+    for issue in issues:
+        if issue.name in values:
+            try:
+                out[issue.name] = issue.validate(values[issue.name])
+            except InvalidValueError as e:
+                problems.append(str(e))
+    if problems:
+        return None, "; ".join(problems)
+    return Offer(out), None
