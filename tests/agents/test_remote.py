@@ -1,0 +1,289 @@
+"""Remote agents on loopback: a full negotiation through the server, auth, limits, failures, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+from nego.agents.remote import RemoteAgentError, RemoteFactory, decode_reply
+from nego.agents.server import make_app, start
+from nego.agents.wire import WIRE_VERSION, action_to_dict, observation_to_dict
+from nego.market.protocol import NegotiatorError, run_negotiation
+from nego.market.types import Action, ActionKind, EndReason, Observation
+from nego.scenarios.scenario import Role
+
+from ..conftest import make_widget_scenario
+
+TOKEN = "t0ken-for-tests"
+
+
+class Stepper:
+    """A small stateful agent: walks down its own outcomes best-first, one per turn, and accepts any standing
+    offer worth at least what it would offer next. Remembers its step count between turns (so a server that
+    rebuilt it every request would play differently) and every scenario view object it was handed."""
+
+    def __init__(self, role: Role, seed: int) -> None:
+        self.role, self.seed, self.step = role, seed, 0
+        self.view_ids: set[int] = set()
+
+    async def act(self, obs: Observation) -> Action:
+        self.view_ids.add(id(obs.scenario))
+        view = obs.scenario
+        grid = [
+            {"price": p, "quantity": q, "warranty": w}
+            for p in (150, 120, 100, 80)
+            for q in (10, 5)
+            for w in ("none", "1y", "2y")
+        ]
+        ranked = sorted(grid, key=lambda o: (-view.utility(o), sorted(o.items())))
+        target = ranked[min(self.step * (1 + self.seed % 3), len(ranked) - 1)]
+        self.step += 1
+        if obs.standing_offer is not None and view.utility(obs.standing_offer) >= view.utility(target):
+            return Action.accept("deal")
+        return Action.make_offer(target, f"step {self.step}")
+
+
+class StepperFactory:
+    spec = "test:stepper"
+    kind = "rule"
+
+    def __init__(self) -> None:
+        self.built: list[Stepper] = []
+
+    def __call__(self, role: Role, seed: int) -> Stepper:
+        self.built.append(Stepper(role, seed))
+        return self.built[-1]
+
+
+@pytest.fixture
+async def served():
+    """Start a server for a factory; yield (url, factory); stop every server at the end."""
+    runners = []
+
+    async def serve(factory=None, **kw):
+        factory = factory or StepperFactory()
+        runner, url = await start(make_app(factory, TOKEN, **kw))
+        runners.append(runner)
+        return url, factory
+
+    yield serve
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def serve_raw(handler) -> tuple[web.AppRunner, str]:
+    """A fake agent server whose /act handler is ``handler`` (for replies a real server never sends)."""
+    app = web.Application()
+    app.router.add_post("/act", handler)
+    return await start(app)
+
+
+def summary(result):
+    return result.outcome, [(t.role, t.action.kind, t.action.offer, t.action.message, t.valid) for t in result.turns]
+
+
+async def test_whole_negotiation_through_the_server_matches_in_process_play(served):
+    url, served_factory = await served()
+    scenario = make_widget_scenario(max_rounds=8)
+    local = await run_negotiation(scenario, Stepper(Role.SELLER, 1), Stepper(Role.BUYER, 2), seed=5)
+    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
+    try:
+        both_remote = await run_negotiation(scenario, remote(Role.SELLER, 1), remote(Role.BUYER, 2), seed=5)
+        mixed = await run_negotiation(scenario, remote(Role.SELLER, 1), Stepper(Role.BUYER, 2), seed=5)
+    finally:
+        await remote.aclose()
+    assert local.outcome.end_reason is EndReason.AGREEMENT and len(local.turns) > 4
+    assert summary(both_remote) == summary(local)
+    assert summary(mixed) == summary(local)
+    # one instance per (negotiation, role), built with the caller's seed, handed one view object throughout
+    assert [(a.role, a.seed) for a in served_factory.built] == [(Role.SELLER, 1), (Role.BUYER, 2), (Role.SELLER, 1)]
+    assert all(len(a.view_ids) == 1 and a.step > 1 for a in served_factory.built)
+    assert both_remote.usage_seller.latency_s > 0
+
+
+async def test_wrong_or_missing_token_is_401_and_ends_the_negotiation_without_retries(served):
+    url, factory = await served()
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
+            async with http.post(f"{url}/act", json={}, headers=headers) as resp:
+                assert resp.status == 401
+                assert "bearer token" in (await resp.json())["error"]
+        async with http.get(f"{url}/health") as resp:
+            assert (await resp.json()) == {"ok": True, "v": WIRE_VERSION, "agent": "test:stepper"}
+    remote = RemoteFactory(url, token="wrong", retries=3, backoff_s=0)
+    result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+    await remote.aclose()
+    assert result.outcome.end_reason is EndReason.ERROR and "HTTP 401" in result.outcome.error
+    assert result.turns == () and factory.built == []
+
+
+async def test_oversized_body_is_413(served):
+    url, _ = await served(max_body_bytes=300)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        async with http.post(f"{url}/act", data=b"x" * 301) as resp:
+            assert resp.status == 413
+        chunks = (b"y" * 100 for _ in range(5))  # no Content-Length: the limit holds while reading
+        async with http.post(f"{url}/act", data=_aiter(chunks)) as resp:
+            assert resp.status == 413
+    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
+    result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+    await remote.aclose()
+    assert result.outcome.end_reason is EndReason.ERROR and "HTTP 413" in result.outcome.error
+
+
+async def _aiter(items):
+    for item in items:
+        yield item
+
+
+async def test_malformed_requests_get_400_with_the_reason(served):
+    url, _ = await served()
+    obs = observation_to_dict(Observation(make_widget_scenario().view_for(Role.SELLER), (), 1, None))
+    good = {"v": WIRE_VERSION, "negotiation_id": "n1", "seed": 3, "observation": obs}
+    cases = [
+        (b"{not json", "malformed JSON"),
+        (json.dumps({**good, "seed": "3"}).encode(), "body.seed: expected an integer"),
+        (json.dumps({**good, "negotiation_id": ""}).encode(), "body.negotiation_id"),
+        (json.dumps({**good, "observation": {**obs, "round": 0}}).encode(), "observation.round: must be >= 1"),
+        (json.dumps({**good, "v": 2}).encode(), "body.v: unsupported wire version 2"),
+    ]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        for data, reason in cases:
+            async with http.post(f"{url}/act", data=data) as resp:
+                assert resp.status == 400
+                assert reason in (await resp.json())["error"]
+        async with http.post(f"{url}/act", json=good) as first, http.post(f"{url}/act", json=good) as again:
+            # a retried request is answered from the session, without advancing the agent a second time
+            assert first.status == again.status == 200
+            assert (await first.json()) == (await again.json())
+
+
+async def test_slow_agent_is_504_and_failing_agent_is_500_then_an_error_outcome(served):
+    class Slow(StepperFactory):
+        def __call__(self, role, seed):
+            class Agent:
+                async def act(self, obs):
+                    await asyncio.sleep(30)
+
+            return Agent()
+
+    class Failing(StepperFactory):
+        def __call__(self, role, seed):
+            class Agent:
+                async def act(self, obs):
+                    raise RuntimeError("model crashed")
+
+            return Agent()
+
+    for factory, status in ((Slow(), "HTTP 504"), (Failing(), "HTTP 500: the agent failed: RuntimeError")):
+        url, _ = await served(factory, timeout_s=0.05)
+        remote = RemoteFactory(url, token=TOKEN, retries=1, backoff_s=0)
+        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+        await remote.aclose()
+        assert result.outcome.end_reason is EndReason.ERROR
+        assert "failed after 2 attempts" in result.outcome.error and status in result.outcome.error
+
+
+async def test_server_down_ends_the_negotiation_as_an_error_after_retries():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = RemoteFactory(f"http://127.0.0.1:{port}", token=TOKEN, retries=2, backoff_s=0.001)
+    result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+    await remote.aclose()
+    assert result.outcome.end_reason is EndReason.ERROR and result.outcome.ended_by is Role.SELLER
+    assert "failed after 3 attempts" in result.outcome.error and "Connect" in result.outcome.error
+
+
+async def test_malformed_replies_count_as_invalid_actions_with_feedback():
+    bodies: list[dict] = []
+    replies = [
+        (200, "this is not json"),
+        (200, json.dumps({"action": {"v": WIRE_VERSION, "kind": "bid"}})),
+        (503, "overloaded"),  # retried, not counted
+        (200, json.dumps({"v": WIRE_VERSION, "action": action_to_dict(Action.walk_away("bye"))})),
+    ]
+
+    async def handler(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        status, text = replies.pop(0)
+        return web.Response(status=status, text=text)
+
+    runner, url = await serve_raw(handler)
+    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
+    try:
+        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+    assert result.outcome.end_reason is EndReason.WALK_AWAY and result.outcome.invalid_seller == 2
+    first, second = result.turns[:2]
+    assert first.action.kind is ActionKind.INVALID and first.action.raw == "this is not json"
+    assert "not JSON" in first.feedback and not first.valid
+    assert "action.kind: must be one of" in second.feedback
+    # the agent is told what was wrong with its previous reply, and the retry keeps the negotiation's id
+    assert [b["observation"]["attempt"] for b in bodies] == [0, 1, 2, 2]
+    assert "not JSON" in bodies[1]["observation"]["feedback"]
+    assert len({b["negotiation_id"] for b in bodies}) == 1 and bodies[0]["seed"] == 4
+
+
+async def test_the_remote_side_receives_only_its_own_observation():
+    scenario = make_widget_scenario(seller_brief="CANARY-SELLER-5521", buyer_brief="CANARY-BUYER-8802")
+    bodies: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        bodies.append(await request.text())
+        obs = json.loads(bodies[-1])["observation"]
+        action = (
+            Action.accept()
+            if obs["standing_offer"]
+            else Action.make_offer({"price": 90, "quantity": 5, "warranty": "2y"})
+        )
+        return web.json_response({"v": WIRE_VERSION, "action": action_to_dict(action)})
+
+    runner, url = await serve_raw(handler)
+    remote = RemoteFactory(url, token=TOKEN)
+    try:
+        result = await run_negotiation(scenario, Stepper(Role.SELLER, 0), remote(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+    assert result.outcome.agreed and bodies
+    seller_view = json.dumps(observation_to_dict(Observation(scenario.view_for(Role.SELLER), (), 1, None))["scenario"])
+    for body in bodies:
+        assert "CANARY-SELLER" not in body and "CANARY-BUYER-8802" in body
+        sent = json.loads(body)["observation"]["scenario"]
+        assert sent["role"] == "buyer" and sent["preferences"]["values"]["warranty"] == {
+            "none": 0.0,
+            "1y": 0.6,
+            "2y": 1.0,
+        }
+        assert json.dumps(sent) != seller_view
+
+
+async def test_stale_sessions_are_dropped_least_recently_used_first(served):
+    url, factory = await served(max_sessions=2)
+    remote = RemoteFactory(url, token=TOKEN)
+    obs = Observation(make_widget_scenario().view_for(Role.SELLER), (), 1, None)
+    agents = [remote(Role.SELLER, 0) for _ in range(3)]
+    try:
+        for agent in (*agents, agents[0]):
+            await agent.act(obs)
+    finally:
+        await remote.aclose()
+    assert len(factory.built) == 4  # the first negotiation's session was evicted by the third, then rebuilt
+
+
+def test_decode_reply_and_factory_arguments():
+    assert decode_reply('{"v": 1, "action": {"v": 1, "kind": "accept"}}', 0.25).usage.latency_s == 0.25
+    assert decode_reply("[]").kind is ActionKind.INVALID
+    factory = RemoteFactory("http://example.invalid:9/", token="secret")
+    assert factory.spec == "remote:http://example.invalid:9" and factory.kind == "remote"
+    assert "secret" not in repr(factory)
+    with pytest.raises(ValueError, match="http://host:port"):
+        RemoteFactory("example.com:80")
+    assert issubclass(RemoteAgentError, NegotiatorError)  # so the protocol ends the negotiation as an error
