@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from nego.market.types import Action, Observation, Usage
 from nego.scenarios.scenario import Role
 
@@ -114,5 +113,3 @@ class BrokenFactory:
 
 def factories(*specs: str, **options: object) -> dict[str, Factory]:
     return {s: Factory(s, **options) for s in specs}  # type: ignore[arg-type]
-
-

@@ -1,0 +1,38 @@
+"""A marketplace run with transcripts, meant to be killed: ``python -m tests.market.killable_run DIR N FAIL``.
+
+Prints ``ready`` once imports are done, then plays N slow-ish jobs writing small parts, so that a kill lands
+at a random point of the run. With FAIL=1 every seventh job's seller cannot act (an error outcome), so a later
+run with FAIL=0 must play those again as a new attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from nego.market.marketplace import Job, Marketplace
+from nego.market.transcripts import TranscriptWriter
+
+from ..conftest import make_widget_scenario
+from .fakes import BrokenFactory, Factory
+
+
+def make_jobs(n: int) -> list[Job]:
+    sc = make_widget_scenario()
+    return [Job(sc, "flaky" if i % 7 == 0 else "a", "b", seed=i, run_id="kill") for i in range(n)]
+
+
+def main(directory: str, n: int, fail: bool) -> None:
+    specs = {
+        "flaky": BrokenFactory("flaky") if fail else Factory("flaky", delay=0.004),
+        "a": Factory("a", delay=0.004),
+        "b": Factory("b", delay=0.004),
+    }
+    print("ready", flush=True)
+    market = Marketplace(specs, concurrency=4, writer=TranscriptWriter(directory, flush_every=2))
+    asyncio.run(market.run(make_jobs(n)))
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1")
