@@ -1,0 +1,211 @@
+"""Negotiator specs: turn a string such as ``"boulware"`` or ``"walker:k=4"`` into a negotiator factory.
+
+Rule-based families live here; any other spec (``openai:...``, ``4.5b-rl``, ...) is handed to
+``nego.agents.model_specs.resolve_model_spec`` when that module is installed. Specs are checked completely in
+:func:`resolve`, so a typo fails before a market starts.
+
+Spec syntax: ``name`` or ``name:key=value,key2=value2``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from nego.market.protocol import Negotiator
+from nego.scenarios.scenario import Role
+
+from .heldout import Picky, Walker
+from .rulebase import Clock
+from .simple import Hardliner, RandomValid
+from .tft import TitForTat
+from .timedep import TimeDependent
+
+MODEL_SPECS_MODULE = "nego.agents.model_specs"
+
+ParamValue = float | int | str
+
+
+@runtime_checkable
+class NegotiatorFactory(Protocol):
+    """Builds one negotiator per negotiation. ``spec`` is canonical; ``kind`` groups factories for concurrency caps
+    ("rule" for rule-based ones)."""
+
+    spec: str
+    kind: str
+
+    def __call__(self, role: Role, seed: int) -> Negotiator: ...
+
+
+class UnknownSpecError(ValueError):
+    """A spec that names no known negotiator, or names one with a bad parameter."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    kind: type
+    default: ParamValue | None  # None: required
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    build: Callable[..., Negotiator]
+    params: Mapping[str, _Param]
+    summary: str
+
+
+_FAMILIES: dict[str, _Family] = {
+    "timedep": _Family(
+        TimeDependent,
+        {"e": _Param(float, None), "clock": _Param(str, "own", tuple(c.value for c in Clock))},
+        "time-dependent concession u(t) = 1 - (1 - rv) t^(1/e); e < 1 Boulware, e > 1 Conceder",
+    ),
+    "tft": _Family(TitForTat, {"k": _Param(float, 1.0)}, "relative tit-for-tat: mirrors the opponent's concessions"),
+    "hardliner": _Family(
+        Hardliner, {"accept": _Param(float, 0.95)}, "offers only its best outcome, accepts >= accept * best"
+    ),
+    "random": _Family(RandomValid, {}, "uniformly random offers worth at least its reservation value (seeded)"),
+    "walker": _Family(
+        Walker,
+        {"e": _Param(float, 1.0), "k": _Param(int, 3), "delta": _Param(float, 0.01), "patience": _Param(float, 0.8)},
+        "concedes linearly, walks away after k stalled opponent offers or at relative time patience",
+    ),
+    "picky": _Family(
+        Picky,
+        {"margin": _Param(float, 0.15), "e": _Param(float, 0.5), "window": _Param(float, 0.05)},
+        "accepts only >= rv + margin, offers on the opponent's side of its estimated Pareto frontier",
+    ),
+}
+_ALIASES: dict[str, tuple[str, dict[str, ParamValue]]] = {
+    "boulware": ("timedep", {"e": 0.2}),
+    "linear": ("timedep", {"e": 1.0}),
+    "conceder": ("timedep", {"e": 2.0}),
+}
+_ALWAYS_SHOWN = {"timedep": ("e",)}
+
+
+def _fmt(value: ParamValue) -> str:
+    if isinstance(value, float):
+        return repr(int(value)) if value.is_integer() else repr(value)
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleFactory:
+    """Factory of one rule-based family with fixed parameters."""
+
+    spec: str
+    family: str
+    params: tuple[tuple[str, ParamValue], ...]
+    kind: str = "rule"
+
+    def __call__(self, role: Role, seed: int) -> Negotiator:
+        Role(role)
+        return _FAMILIES[self.family].build(seed=int(seed), **dict(self.params))
+
+
+def _parse_value(spec: str, key: str, raw: str, param: _Param) -> ParamValue:
+    if param.choices:
+        if raw not in param.choices:
+            raise UnknownSpecError(f"{spec!r}: {key} must be one of {', '.join(param.choices)}; got {raw!r}")
+        return raw
+    try:
+        value = param.kind(raw)
+    except ValueError:
+        raise UnknownSpecError(
+            f"{spec!r}: {key} must be {'an integer' if param.kind is int else 'a number'}; got {raw!r}"
+        ) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UnknownSpecError(f"{spec!r}: {key} must be finite; got {raw!r}")
+    return value
+
+
+def _parse_params(spec: str, text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, eq, raw = (s.strip() for s in part.partition("="))
+        if not eq or not key or not raw:
+            raise UnknownSpecError(f"{spec!r}: parameters must look like name:key=value,key2=value2; got {part!r}")
+        if key in out:
+            raise UnknownSpecError(f"{spec!r}: parameter {key!r} given twice")
+        out[key] = raw
+    return out
+
+
+def _resolve_rule(spec: str, name: str, text: str | None) -> RuleFactory:
+    family_name, values = _ALIASES.get(name, (name, {}))
+    family = _FAMILIES[family_name]
+    values = {k: p.default for k, p in family.params.items() if p.default is not None} | values
+    for key, raw in (_parse_params(spec, text) if text is not None else {}).items():
+        if key not in family.params:
+            allowed = ", ".join(family.params) or "none"
+            raise UnknownSpecError(f"{spec!r}: unknown parameter {key!r} for {name}; allowed: {allowed}")
+        values[key] = _parse_value(spec, key, raw, family.params[key])
+    missing = [k for k, p in family.params.items() if p.default is None and k not in values]
+    if missing:
+        raise UnknownSpecError(f"{spec!r}: {name} needs {', '.join(f'{k}=<value>' for k in missing)}")
+    shown = [
+        (k, values[k])
+        for k, p in family.params.items()
+        if k in values and (k in _ALWAYS_SHOWN.get(family_name, ()) or values[k] != p.default)
+    ]
+    canonical = family_name + (":" + ",".join(f"{k}={_fmt(v)}" for k, v in shown) if shown else "")
+    factory = RuleFactory(canonical, family_name, tuple((k, values[k]) for k in family.params))
+    try:
+        factory(Role.SELLER, 0)
+    except ValueError as e:
+        raise UnknownSpecError(f"{spec!r}: {e}") from None
+    return factory
+
+
+def _model_specs_module():
+    try:
+        return importlib.import_module(MODEL_SPECS_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != MODEL_SPECS_MODULE:
+            raise
+        return None
+
+
+def resolve(spec: str) -> NegotiatorFactory:
+    """The factory for ``spec``; raises :class:`UnknownSpecError` naming the known specs if there is none."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise UnknownSpecError(
+            f"a negotiator spec must be a non-empty string, got {spec!r}; known: {', '.join(known_specs())}"
+        )
+    spec = spec.strip()
+    name, colon, text = spec.partition(":")
+    name = name.strip().lower()
+    if name in _FAMILIES or name in _ALIASES:
+        return _resolve_rule(spec, name, text if colon else None)
+    module = _model_specs_module()
+    if module is not None:
+        factory = module.resolve_model_spec(spec)
+        if factory is not None:
+            return factory
+    raise UnknownSpecError(f"unknown negotiator spec {spec!r}; known: {', '.join(known_specs())}")
+
+
+def known_specs() -> list[str]:
+    """Spec forms a user can write, rule-based first, then those of the model backends when installed."""
+    rules = ["boulware", "linear", "conceder", "timedep:e=<e>", "tft", "hardliner", "random", "walker", "picky"]
+    module = _model_specs_module()
+    more = getattr(module, "known_model_specs", None) if module is not None else None
+    return rules + (list(more()) if more is not None else [])
+
+
+def rule_spec_help() -> dict[str, str]:
+    """One line per rule-based family: what it does and its parameters with their defaults."""
+    out = {}
+    for name, family in _FAMILIES.items():
+        params = ", ".join(
+            f"{k}={'<required>' if p.default is None else _fmt(p.default)}" for k, p in family.params.items()
+        )
+        out[name] = family.summary + (f" [{params}]" if params else "")
+    for alias, (target, values) in _ALIASES.items():
+        out[alias] = f"{target} with " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+    return out

@@ -1,0 +1,93 @@
+"""What every rule-based negotiator shares: its own RNG, a lazily built outcome space, clocks and guards.
+
+A rule-based negotiator is built for one negotiation (the registry's factory is called once per negotiation)
+and reads nothing but the :class:`Observation` it is handed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import numpy as np
+from nego.market.types import Action, ActionKind, Observation, Offer
+from nego.scenarios.scenario import ScenarioView
+
+from .search import Index, OutcomeSpace
+
+EPS = 1e-9
+"""Utility tolerance: offers clear the reservation value by EPS (so float rounding never puts one below it) and
+outcomes within EPS below a target count as reaching it."""
+
+
+class Clock(StrEnum):
+    """How a negotiator turns (round, max_rounds) into relative time t in [0, 1].
+
+    ``own``: t = (round - 1) / (max_rounds - 1): 0 at the first own turn, 1 at the last (1 if max_rounds is 1).
+    ``negmas``: t = round / (max_rounds + 1), NegMAS's step-based relative time for alternating offers with one
+    turn per side per step (it never reaches 0 or 1); offered for like-for-like comparisons with NegMAS.
+    """
+
+    OWN = "own"
+    NEGMAS = "negmas"
+
+    def time(self, obs: Observation) -> float:
+        n = obs.scenario.max_rounds
+        if self is Clock.NEGMAS:
+            return obs.round / (n + 1)
+        return 1.0 if n <= 1 else min(1.0, (obs.round - 1) / (n - 1))
+
+
+class RuleNegotiator:
+    """Base of the rule-based strategies: seeded RNG and the own outcome space, rebuilt for each new scenario view."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self._view: ScenarioView | None = None
+        self._space: OutcomeSpace | None = None
+
+    def space(self, obs: Observation) -> OutcomeSpace:
+        """The own outcome space of this negotiation, computed on first use."""
+        if obs.scenario is not self._view or self._space is None:
+            self._view = obs.scenario
+            self._space = OutcomeSpace(obs.scenario.issues, obs.scenario.preferences)
+            self.start(obs)
+        return self._space
+
+    def start(self, obs: Observation) -> None:
+        """Hook: reset per-negotiation state when a new scenario view shows up."""
+
+    @staticmethod
+    def hopeless(space: OutcomeSpace, rv: float) -> bool:
+        """True if no outcome is worth the reservation value (then the only rational move is to walk away)."""
+        return space.best < rv + EPS
+
+    def offer_at_least(self, space: OutcomeSpace, target: float, rv: float) -> Index:
+        """The outcome with the smallest own utility at or above ``max(target, rv)`` (the best one if none is).
+
+        Ties with ``target`` within EPS count as reaching it; the reservation value must be cleared by EPS."""
+        idx = space.at_least(max(target - EPS, rv + EPS))
+        return space.best_index if idx is None else idx
+
+
+def opponent_offers(obs: Observation) -> list[Offer]:
+    """The other side's offers so far, oldest first."""
+    me = obs.scenario.role
+    return [m.offer for m in obs.history if m.role is not me and m.kind is ActionKind.OFFER and m.offer is not None]
+
+
+def acceptable(obs: Observation, threshold: float) -> bool:
+    """True if an offer from the other side stands and is worth at least ``threshold`` (and the reservation)."""
+    offer = obs.standing_offer
+    if offer is None:
+        return False
+    view = obs.scenario
+    return view.utility(offer) >= max(threshold, view.preferences.reservation)
+
+
+def offer_action(space: OutcomeSpace, index: Index) -> Action:
+    return Action(ActionKind.OFFER, space.offer(index))
+
+
+ACCEPT = Action(ActionKind.ACCEPT)
+WALK_AWAY = Action(ActionKind.WALK_AWAY)
