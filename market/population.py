@@ -1,0 +1,312 @@
+"""The population layer: sellers and buyers with inventories, budgets and demand, trading over market days.
+
+Each :meth:`MarketModel.step` is one day: match pairs, give each pair a scenario, play all the day's
+negotiations concurrently through a :class:`Marketplace` on the model's own event loop, then settle the deals
+in pair order. Same seed, same days, same transcripts.
+
+Settlement rule, kept deliberately simple: a deal moves ``units`` from seller to buyer, where ``units`` is the
+agreed value of an issue named ``quantity`` (or ``units``/``volume``/``qty``) if the scenario has one, else 1,
+capped by the seller's inventory and the buyer's demand. If the scenario has an issue named ``price`` (or
+ending in ``_price``) it is read as a unit price: the buyer pays ``units * price``, and buys fewer units when
+its budget does not cover them. Without a price issue, goods change hands but no money is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mesa
+import numpy as np
+import polars as pl
+from nego.scenarios.scenario import Scenario
+
+from .events import DayEnded, DayStarted, EventBus
+from .marketplace import FactorySource, Job, Marketplace
+from .protocol import ProtocolConfig
+from .types import EndReason, NegotiationResult, Offer
+
+if TYPE_CHECKING:
+    from .transcripts import TranscriptWriter
+
+QUANTITY_ISSUES = ("quantity", "units", "volume", "qty")
+
+ScenarioSource = Sequence[Scenario] | Callable[[int], Scenario]
+"""A list to draw scenarios from, or a function from a seed to a scenario (e.g. the scenario generator)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SellerSetup:
+    """A seller at the start of a simulation."""
+
+    spec: str
+    inventory: int
+    unit_cost: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BuyerSetup:
+    """A buyer at the start of a simulation; ``budget`` is spent on priced deals only."""
+
+    spec: str
+    demand: int
+    budget: float = math.inf
+
+
+class SellerAgent(mesa.Agent):
+    """A seller: negotiates with its spec's agents while it has inventory."""
+
+    def __init__(self, model: MarketModel, setup: SellerSetup) -> None:
+        super().__init__(model)
+        self.spec = setup.spec
+        self.inventory = setup.inventory
+        self.unit_cost = setup.unit_cost
+        self.sold = 0
+        self.revenue = 0.0
+
+    @property
+    def profit(self) -> float:
+        return self.revenue - self.sold * self.unit_cost
+
+
+class BuyerAgent(mesa.Agent):
+    """A buyer: negotiates while it has demand and budget left."""
+
+    def __init__(self, model: MarketModel, setup: BuyerSetup) -> None:
+        super().__init__(model)
+        self.spec = setup.spec
+        self.demand = setup.demand
+        self.budget = setup.budget
+        self.bought = 0
+        self.spent = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What one deal changed: units moved and money paid (both 0 when the buyer could not afford a unit)."""
+
+    units: int
+    price: float | None
+    paid: float
+
+
+DAY_SCHEMA = pl.Schema(
+    {
+        "day": pl.Int32,
+        "pairs": pl.Int32,
+        "deals": pl.Int32,
+        "no_deals": pl.Int32,
+        "errors": pl.Int32,
+        "units": pl.Int64,
+        "revenue": pl.Float64,
+        "mean_seller_utility": pl.Float64,
+        "mean_buyer_utility": pl.Float64,
+        "inventory_left": pl.Int64,
+        "demand_left": pl.Int64,
+    }
+)
+
+
+def _find_issue(offer: Offer, names: Sequence[str], suffix: str | None = None) -> float | None:
+    for key, value in offer.items():
+        if (key in names or (suffix and key.endswith(suffix))) and not isinstance(value, str):
+            return float(value)
+    return None
+
+
+def settle(seller: SellerAgent, buyer: BuyerAgent, agreement: Offer) -> Settlement:
+    """Apply one deal to both agents according to the module's settlement rule."""
+    wanted = _find_issue(agreement, QUANTITY_ISSUES)
+    units = min(int(wanted) if wanted is not None else 1, seller.inventory, buyer.demand)
+    price = _find_issue(agreement, ("price",), "_price")
+    if price is not None and price > 0 and units * price > buyer.budget:
+        units = int(buyer.budget // price)
+    paid = units * price if price is not None else 0.0
+    seller.inventory -= units
+    seller.sold += units
+    seller.revenue += paid
+    buyer.demand -= units
+    buyer.bought += units
+    buyer.budget -= paid
+    buyer.spent += paid
+    return Settlement(units, price, paid)
+
+
+class MarketModel(mesa.Model):
+    """Sellers and buyers trading over market days; ``step()`` plays one day. Use as a context manager (or call
+    :meth:`close`) so its event loop is closed."""
+
+    def __init__(
+        self,
+        factories: FactorySource,
+        sellers: Sequence[SellerSetup],
+        buyers: Sequence[BuyerSetup],
+        *,
+        scenarios: ScenarioSource | None = None,
+        days: int = 5,
+        seed: int = 0,
+        run_id: str = "",
+        concurrency: int = 256,
+        per_kind: Mapping[str, int] | None = None,
+        protocol: ProtocolConfig | None = None,
+        bus: EventBus | None = None,
+        writer: TranscriptWriter | None = None,
+    ) -> None:
+        super().__init__(seed=seed)
+        if days < 1:
+            raise ValueError(f"days must be >= 1, got {days}")
+        if scenarios is not None and not callable(scenarios) and not scenarios:
+            raise ValueError("scenarios is an empty list: give at least one scenario, or None for generated ones")
+        self.seed = seed
+        self.days = days
+        self.run_id = run_id or f"market-{seed}"
+        self.bus = bus
+        self._scenarios = scenarios
+        self.market = Marketplace(
+            factories, concurrency=concurrency, per_kind=per_kind, protocol=protocol, bus=bus, writer=writer
+        )
+        for setup in sellers:
+            SellerAgent(self, setup)
+        for setup in buyers:
+            BuyerAgent(self, setup)
+        self.day_stats: list[dict[str, float | int | None]] = []
+        """One row per played day (see :data:`DAY_SCHEMA`)."""
+        self._runner: asyncio.Runner | None = None
+        self.running = self.can_match()
+
+    @property
+    def sellers(self) -> list[SellerAgent]:
+        return list(self.agents_by_type[SellerAgent]) if SellerAgent in self.agents_by_type else []
+
+    @property
+    def buyers(self) -> list[BuyerAgent]:
+        return list(self.agents_by_type[BuyerAgent]) if BuyerAgent in self.agents_by_type else []
+
+    def can_match(self) -> bool:
+        """True if at least one seller and one buyer can still trade."""
+        return any(s.inventory > 0 for s in self.sellers) and any(b.demand > 0 and b.budget > 0 for b in self.buyers)
+
+    def match(self) -> list[tuple[SellerAgent, BuyerAgent]]:
+        """Today's pairs: sellers with inventory and buyers with demand and budget, shuffled by the model's rng,
+        each in at most one pair."""
+        sellers = [s for s in self.sellers if s.inventory > 0]
+        buyers = [b for b in self.buyers if b.demand > 0 and b.budget > 0]
+        self.random.shuffle(sellers)
+        self.random.shuffle(buyers)
+        return list(zip(sellers, buyers, strict=False))
+
+    def _scenario(self) -> Scenario:
+        source = self._scenarios
+        if source is None:
+            from nego.scenarios.generator import generate_scenario
+
+            source = generate_scenario
+        if callable(source):
+            return source(int(self.rng.integers(2**31)))
+        return source[int(self.rng.integers(len(source)))]
+
+    def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[Job]:
+        jobs = []
+        for i, (s, b) in enumerate(pairs):
+            seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
+            jobs.append(Job(self._scenario(), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i))
+        return jobs
+
+    def step(self) -> None:
+        """Play one market day (Mesa has already advanced ``self.steps``, which is the day number)."""
+        day = self.steps
+        pairs = self.match()
+        if not pairs:
+            self.running = False
+            return
+        if self.bus is not None and self.bus.active:
+            self.bus.publish(DayStarted(day, len(pairs)))
+        if self._runner is None:
+            self._runner = asyncio.Runner()  # one loop for the model's life: async clients keep their pools
+        results = self._runner.run(self.market.run(self._jobs(day, pairs)))
+        self._record(day, pairs, results)
+        self.running = day < self.days and self.can_match()
+
+    def _record(
+        self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], results: Sequence[NegotiationResult]
+    ) -> None:
+        units, revenue, deals, errors = 0, 0.0, 0, 0
+        utilities: list[tuple[float, float]] = []
+        for (seller, buyer), result in zip(pairs, results, strict=True):  # pair order, never completion order
+            o = result.outcome
+            if o.end_reason is EndReason.ERROR:
+                errors += 1
+                continue
+            utilities.append((o.seller_utility, o.buyer_utility))
+            if o.agreed and o.agreement is not None:
+                deals += 1
+                done = settle(seller, buyer, o.agreement)
+                units, revenue = units + done.units, revenue + done.paid
+        mean = np.mean(utilities, axis=0) if utilities else (None, None)
+        self.day_stats.append(
+            {
+                "day": day,
+                "pairs": len(pairs),
+                "deals": deals,
+                "no_deals": len(pairs) - deals - errors,
+                "errors": errors,
+                "units": units,
+                "revenue": revenue,
+                "mean_seller_utility": None if mean[0] is None else float(mean[0]),
+                "mean_buyer_utility": None if mean[1] is None else float(mean[1]),
+                "inventory_left": sum(s.inventory for s in self.sellers),
+                "demand_left": sum(b.demand for b in self.buyers),
+            }
+        )
+        if self.bus is not None and self.bus.active:
+            self.bus.publish(DayEnded(day, len(pairs), deals, errors, units, revenue))
+
+    def run(self) -> pl.DataFrame:
+        """Step until no pair can be matched or ``days`` days have passed; returns :meth:`days_frame`."""
+        while self.running and self.steps < self.days:
+            self.step()
+        return self.days_frame()
+
+    def days_frame(self) -> pl.DataFrame:
+        """Per-day statistics: deals, settled units and revenue, mean utilities, what is left."""
+        return pl.DataFrame(self.day_stats, schema=DAY_SCHEMA, orient="row")
+
+    def agents_frame(self) -> pl.DataFrame:
+        """Every agent's current state, one row each."""
+        rows = [
+            {
+                "id": s.unique_id,
+                "side": "seller",
+                "spec": s.spec,
+                "stock": s.inventory,
+                "units": s.sold,
+                "money": s.revenue,
+            }
+            for s in self.sellers
+        ] + [
+            {"id": b.unique_id, "side": "buyer", "spec": b.spec, "stock": b.demand, "units": b.bought, "money": b.spent}
+            for b in self.buyers
+        ]
+        schema = {
+            "id": pl.Int64,
+            "side": pl.String,
+            "spec": pl.String,
+            "stock": pl.Int64,
+            "units": pl.Int64,
+            "money": pl.Float64,
+        }
+        return pl.DataFrame(rows, schema=schema, orient="row")
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def __enter__(self) -> MarketModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,115 @@
+"""The Mesa population model: days, matching, settlement, determinism, resume and events."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from nego.market.events import DayEnded, DayStarted, EventBus
+from nego.market.population import BuyerAgent, BuyerSetup, MarketModel, SellerAgent, SellerSetup, settle
+from nego.market.transcripts import TIMING_COLUMNS, TranscriptWriter, read_negotiations, read_turns
+from nego.market.types import Offer
+from nego.scenarios.scenario import Role
+
+from ..conftest import make_widget_scenario
+from .fakes import factories
+
+SELLERS = [SellerSetup("a", inventory=12, unit_cost=40.0), SellerSetup("a2", inventory=5)]
+BUYERS = [BuyerSetup("b", demand=9, budget=2_000.0), BuyerSetup("b", demand=4), BuyerSetup("b2", demand=30)]
+SCENARIOS = [make_widget_scenario(), make_widget_scenario(max_rounds=4).with_opener(Role.BUYER)]
+
+
+def model(seed: int, **options) -> MarketModel:
+    options.setdefault("scenarios", SCENARIOS)
+    return MarketModel(factories("a", "a2", "b", "b2"), SELLERS, BUYERS, seed=seed, **options)
+
+
+def state(m: MarketModel) -> list[tuple]:
+    return [(type(a).__name__, a.spec, getattr(a, "inventory", None), getattr(a, "demand", None)) for a in m.agents]
+
+
+def test_days_move_goods_and_money_consistently():
+    with model(3, days=4) as m:
+        days = m.run()
+        assert 1 <= days.height <= 4 and days["day"].to_list() == list(range(1, days.height + 1))
+        sold = sum(s.sold for s in m.sellers)
+        assert sold == days["units"].sum() == sum(b.bought for b in m.buyers) > 0
+        assert sum(s.inventory for s in m.sellers) == 17 - sold == days["inventory_left"][-1]
+        assert sum(s.revenue for s in m.sellers) == pytest.approx(sum(b.spent for b in m.buyers))
+        assert days["revenue"].sum() == pytest.approx(sum(s.revenue for s in m.sellers))
+        assert all(s.inventory >= 0 for s in m.sellers) and all(b.demand >= 0 for b in m.buyers)
+        assert all(b.budget >= 0 for b in m.buyers)
+        assert (days["pairs"] <= 2).all() and (days["deals"] + days["no_deals"] + days["errors"] == days["pairs"]).all()
+
+
+def test_same_seed_same_days_and_transcripts(tmp_path):
+    frames = []
+    for name in ("one", "two"):
+        with model(11, days=3, writer=TranscriptWriter(tmp_path / name, flush_every=3)) as m:
+            frames.append((m.run(), state(m)))
+    assert frames[0][0].equals(frames[1][0]) and frames[0][1] == frames[1][1]
+    for read in (read_negotiations, read_turns):
+        a, b = read(tmp_path / "one"), read(tmp_path / "two")
+        drop = [c for c in TIMING_COLUMNS if c in a.columns]
+        assert a.height > 0 and a.drop(drop).equals(b.drop(drop))
+    neg = read_negotiations(tmp_path / "one")
+    assert set(neg["day"]) == set(frames[0][0]["day"]) and neg["run_id"].unique().to_list() == ["market-11"]
+    with model(12, days=3) as m:
+        other = m.run()
+    assert not other.equals(frames[0][0]) or state(m) != frames[0][1]
+
+
+def test_rerun_with_the_same_writer_resumes_without_replaying(tmp_path):
+    with model(5, days=3, writer=TranscriptWriter(tmp_path)) as m:
+        first = m.run()
+    writer = TranscriptWriter(tmp_path)
+    with model(5, days=3, writer=writer) as m:
+        again = m.run()
+    assert writer.written == 0 and again.equals(first)
+    assert read_negotiations(tmp_path).height == first["pairs"].sum()
+
+
+def test_stops_when_nobody_can_trade_and_publishes_days():
+    bus = EventBus()
+    seen = []
+    bus.subscribe(seen.append)
+    sellers = [SellerSetup("a", inventory=1)]
+    with MarketModel(
+        factories("a", "b"), sellers, [BuyerSetup("b", demand=50)], scenarios=SCENARIOS[:1], days=10, seed=0, bus=bus
+    ) as m:
+        days = m.run()
+    assert days.height == 1 and not m.running and m.sellers[0].inventory == 0
+    assert [type(e) for e in seen if isinstance(e, DayStarted | DayEnded)] == [DayStarted, DayEnded]
+    with pytest.raises(ValueError, match="empty list"):
+        MarketModel(factories("a"), sellers, [], scenarios=[])
+
+
+def test_scenario_source_may_be_a_function_of_a_seed():
+    asked = []
+
+    def source(seed: int):
+        asked.append(seed)
+        return SCENARIOS[seed % 2]
+
+    with model(2, days=2, scenarios=source) as m:
+        m.run()
+    assert len(asked) == sum(m.days_frame()["pairs"]) and len(set(asked)) == len(asked)
+
+
+def test_settlement_rule():
+    m = MarketModel(
+        factories("a", "b"), [SellerSetup("a", 5)], [BuyerSetup("b", 10, budget=300.0)], scenarios=SCENARIOS[:1]
+    )
+    seller, buyer = m.sellers[0], m.buyers[0]
+    assert isinstance(seller, SellerAgent) and isinstance(buyer, BuyerAgent)
+    done = settle(seller, buyer, Offer({"price": 100, "quantity": 8, "warranty": "1y"}))
+    # 8 wanted, 5 in stock, budget 300 buys 3 at 100
+    assert (done.units, done.paid, seller.inventory, buyer.demand, buyer.budget) == (3, 300.0, 2, 7, 0.0)
+    plain = settle(seller, buyer, Offer({"warranty": "2y"}))
+    assert (plain.units, plain.paid, seller.inventory) == (1, 0.0, 1)
+    assert m.agents_frame().filter(pl.col("side") == "seller")["money"].to_list() == [300.0]
+
+
+def test_generated_scenarios_by_default():
+    with MarketModel(factories("a", "b"), [SellerSetup("a", 3)], [BuyerSetup("b", 3)], days=2, seed=4) as m:
+        days = m.run()
+    assert days["pairs"].sum() >= 1 and days["errors"].sum() == 0
