@@ -82,7 +82,7 @@ CATEGORIES: tuple[Category, ...] = (
         "{buyer} is replacing its staff laptops and has asked {seller} for a bulk quote.",
         (
             _price("USD per unit", (900, 1600), "price per laptop"),
-            NumericSpec("delivery_days", INT, "days", "days from order to delivery", (20, 30), 0.6, (5, 9), False,
+            NumericSpec("delivery_days", INT, "days", "days from order to delivery", (20, 30), 0.6, (5, 9), True,
                         importance=(1.0, 1.5)),
             NumericSpec("warranty_months", INT, "months", "on-site warranty", (24, 24), 0.5, (5, 5), False,
                         importance=(1.5, 1.5), step=6),
