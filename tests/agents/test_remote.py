@@ -8,6 +8,7 @@ import socket
 
 import aiohttp
 import pytest
+import typer
 from aiohttp import web
 from nego.agents.remote import RemoteAgentError, RemoteFactory, decode_reply
 from nego.agents.server import make_app, start
@@ -287,3 +288,34 @@ def test_decode_reply_and_factory_arguments():
     with pytest.raises(ValueError, match="http://host:port"):
         RemoteFactory("example.com:80")
     assert issubclass(RemoteAgentError, NegotiatorError)  # so the protocol ends the negotiation as an error
+
+
+async def test_serve_agent_serves_a_registry_spec_that_plays_like_in_process():
+    from nego.agents.registry import resolve
+    from nego.cli.serve_cmd import run_server
+
+    factory = resolve("tft")
+    stop, ready = asyncio.Event(), asyncio.Queue()
+    server = asyncio.create_task(run_server(factory, TOKEN, on_ready=ready.put_nowait, stop=stop))
+    url = await asyncio.wait_for(ready.get(), 10)
+    remote = RemoteFactory(url, token=TOKEN)
+    scenario = make_widget_scenario(max_rounds=10)
+    buyer = resolve("boulware")
+    try:
+        played = await run_negotiation(scenario, remote(Role.SELLER, 3), buyer(Role.BUYER, 4), seed=1)
+    finally:
+        await remote.aclose()
+        stop.set()
+        await server
+    local = await run_negotiation(scenario, factory(Role.SELLER, 3), buyer(Role.BUYER, 4), seed=1)
+    assert len(local.turns) > 4 and summary(played) == summary(local)
+
+
+def test_serve_agent_command_refuses_an_unknown_spec():
+    from nego.cli.serve_cmd import serve_agent
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(serve_agent)
+    result = CliRunner().invoke(app, ["no-such-agent", "--port", "0"])
+    assert result.exit_code == 2 and "unknown negotiator spec" in result.output

@@ -1,0 +1,94 @@
+"""``nego serve-agent SPEC``: serve one negotiator spec over HTTP for markets elsewhere to reach as ``remote:URL``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import signal
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+
+TOKEN_ENV = "NEGO_AGENT_TOKEN"
+
+
+async def run_server(
+    factory,
+    token: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body_bytes: int = 1 << 20,
+    timeout_s: float = 120.0,
+    max_sessions: int = 4096,
+    on_ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``factory`` until ``stop`` is set (or SIGINT/SIGTERM arrives); ``on_ready`` gets the bound URL."""
+    from nego.agents.server import make_app, start
+
+    app = make_app(factory, token, max_body_bytes=max_body_bytes, timeout_s=timeout_s, max_sessions=max_sessions)
+    runner, url = await start(app, host, port)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        if on_ready is not None:
+            on_ready(url)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve_agent(
+    spec: Annotated[str, typer.Argument(help="Negotiator spec to serve, e.g. 'tft', 'boulware', 'openai:gpt-5-mini'.")],
+    port: Annotated[int, typer.Option(help="TCP port to listen on (0 picks a free one).")] = 8765,
+    host: Annotated[
+        str, typer.Option(help="Interface to bind. The default serves this machine only; 0.0.0.0 serves the network.")
+    ] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar=TOKEN_ENV,
+            show_default=False,
+            help=f"Bearer token clients must send (default: ${TOKEN_ENV}, else a fresh one printed at start).",
+        ),
+    ] = None,
+    max_body_kb: Annotated[int, typer.Option(help="Largest request accepted, in KiB (413 past it).")] = 1024,
+    timeout_s: Annotated[float, typer.Option(help="Longest one move may take, in seconds (504 past it).")] = 120.0,
+    max_sessions: Annotated[int, typer.Option(help="Negotiations remembered at once (oldest dropped first).")] = 4096,
+) -> None:
+    """Serve a negotiator over HTTP; a market elsewhere plays it as ``remote:http://HOST:PORT``."""
+    from nego.agents.registry import UnknownSpecError, resolve
+
+    try:
+        factory = resolve(spec)
+    except UnknownSpecError as e:
+        raise typer.BadParameter(str(e), param_hint="SPEC") from None
+    if max_body_kb < 1 or timeout_s <= 0 or max_sessions < 1:
+        raise typer.BadParameter("--max-body-kb, --timeout-s and --max-sessions must be positive")
+    generated = token is None
+    token = token or secrets.token_urlsafe(24)
+
+    def ready(url: str) -> None:
+        typer.echo(f"serving {factory.spec} at {url} (POST /act, GET /health); stop with Ctrl-C")
+        if generated:
+            typer.echo(f"token: {token}  (clients: export {TOKEN_ENV}={token})")
+        typer.echo(f"play it with: --sellers remote:{url}  or  --buyers remote:{url}")
+
+    asyncio.run(
+        run_server(
+            factory,
+            token,
+            host=host,
+            port=port,
+            max_body_bytes=max_body_kb * 1024,
+            timeout_s=timeout_s,
+            max_sessions=max_sessions,
+            on_ready=ready,
+        )
+    )
