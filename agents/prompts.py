@@ -1,0 +1,238 @@
+"""Prompt templates for language-model negotiators: loading, checking, and rendering an Observation.
+
+A template is a text file with a ``[system]`` and a ``[user]`` section written in :class:`string.Template`
+syntax (``$field``); comment lines starting with ``#`` may precede the first section. Only the fields in
+:data:`FIELDS` exist, and every one is computed from the :class:`~nego.market.types.Observation` alone (this
+side's own brief and preferences, the public scenario and history), so a template cannot leak the other side's
+private information. Built-in templates live in ``nego/agents/prompts/<name>.txt``; any other file can be
+given by path. A template's id, ``<name>:<first 8 hex of the file's sha256>``, is recorded with every action.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from nego.market.types import ActionKind, Observation, Offer, PublicMove
+from nego.scenarios.issues import IssueKind
+from nego.scenarios.preferences import Direction
+from nego.scenarios.scenario import ScenarioView
+
+from .backends.base import ACTION_TOOLS, ChatMessage
+
+DEFAULT_TEMPLATE = "negotiator-v1"
+
+FIELDS: dict[str, str] = {
+    "role": "this side: seller or buyer",
+    "other_role": "the other side",
+    "product": "what is being traded",
+    "context": "the public context of the deal",
+    "brief": "this side's private instructions (a line of its own, or empty)",
+    "issues": "one line per issue: name, type, range or options, unit, description",
+    "priorities": "one line per issue: this side's weight and what it prefers, most important first",
+    "reservation": "a sentence giving this side's walk-away value",
+    "opener": "the side that makes the first offer",
+    "max_rounds": "the number of rounds",
+    "round": "the current round (1-based)",
+    "rounds_left": "rounds left including this one",
+    "rounds_left_text": "rounds left in words ('this is your last turn' on the last one)",
+    "history": "every public move so far with its message and its value to this side",
+    "standing_offer": "the other side's offer on the table and its value to this side, or a note that none is",
+    "feedback": "why this side's previous reply was rejected (empty on a first attempt)",
+    "reply_format": "how to answer: the tools, or the JSON block to write",
+}
+
+
+class TemplateError(ValueError):
+    """A prompt template file that cannot be used (missing section, unknown field, unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTemplate:
+    """A checked template: its name, its id (name plus content hash) and its two sections."""
+
+    name: str
+    id: str
+    system: Template
+    user: Template
+
+    def render(self, obs: Observation, *, tools: bool) -> tuple[ChatMessage, ...]:
+        """The system and user messages for one turn; ``tools`` says whether the action tools are offered."""
+        values = prompt_fields(obs, tools=tools)
+        return (
+            ChatMessage("system", _tidy(self.system.substitute(values))),
+            ChatMessage("user", _tidy(self.user.substitute(values))),
+        )
+
+
+def builtin_templates() -> list[str]:
+    """Names of the templates shipped with nego."""
+    folder = resources.files("nego.agents") / "prompts"
+    return sorted(p.name.removesuffix(".txt") for p in folder.iterdir() if p.name.endswith(".txt"))
+
+
+def load_template(name_or_path: str = DEFAULT_TEMPLATE) -> PromptTemplate:
+    """A built-in template by name, or a template file by path; raises :class:`TemplateError` saying what to fix."""
+    if name_or_path in builtin_templates():
+        text = (resources.files("nego.agents") / "prompts" / f"{name_or_path}.txt").read_text(encoding="utf-8")
+        return parse_template(name_or_path, text, origin=f"built-in template {name_or_path!r}")
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise TemplateError(
+            f"prompt template {name_or_path!r} is neither a built-in template ({', '.join(builtin_templates())}) "
+            "nor an existing file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TemplateError(f"prompt template {path}: cannot read it ({e})") from None
+    return parse_template(path.stem, text, origin=str(path))
+
+
+def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptTemplate:
+    """Split ``text`` into its sections and check that it uses only known fields."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        header = re.fullmatch(r"\[(\w+)\]\s*", line)
+        if header:
+            if header.group(1) not in ("system", "user") or header.group(1) in sections:
+                raise TemplateError(f"{origin}, line {lineno}: unexpected section [{header.group(1)}]")
+            current = sections.setdefault(header.group(1), [])
+        elif current is not None:
+            current.append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise TemplateError(f"{origin}, line {lineno}: text before the first section ([system] or [user])")
+    missing = [s for s in ("system", "user") if s not in sections]
+    if missing:
+        raise TemplateError(f"{origin}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
+    parts = {k: Template("\n".join(v)) for k, v in sections.items()}
+    for section, template in parts.items():
+        if not template.is_valid():
+            raise TemplateError(f"{origin}, [{section}]: a '$' that starts no field; write '$$' for a dollar sign")
+        unknown = sorted(set(template.get_identifiers()) - set(FIELDS))
+        if unknown:
+            raise TemplateError(
+                f"{origin}, [{section}]: unknown field(s) {', '.join('$' + u for u in unknown)}; "
+                f"the fields are {', '.join('$' + f for f in FIELDS)}"
+            )
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return PromptTemplate(name, f"{name}:{digest}", parts["system"], parts["user"])
+
+
+def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
+    """Every template field for this observation (see :data:`FIELDS`)."""
+    view = obs.scenario
+    role, other = view.role.value, view.role.other.value
+    return {
+        "role": role,
+        "other_role": other,
+        "product": view.product,
+        "context": view.context,
+        "brief": f"Your private instructions: {view.brief}\n" if view.brief else "",
+        "issues": "\n".join(f"- {i.describe()}" for i in view.issues),
+        "priorities": _priorities(view),
+        "reservation": (
+            f"Walking away, or reaching no deal, is worth {view.preferences.reservation:.2f} to you, so a deal "
+            f"worth less than {view.preferences.reservation:.2f} is worse than no deal."
+        ),
+        "opener": view.opener.value,
+        "max_rounds": str(view.max_rounds),
+        "round": str(obs.round),
+        "rounds_left": str(obs.rounds_left),
+        "rounds_left_text": "this is your last turn"
+        if obs.is_last_turn
+        else f"{obs.rounds_left} rounds left including this one",
+        "history": _history(obs.history, view),
+        "standing_offer": _standing(obs.standing_offer, view),
+        "feedback": (
+            f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
+            if obs.feedback
+            else ""
+        ),
+        "reply_format": _reply_format(view, tools),
+    }
+
+
+def describe_offer(offer: Offer, view: ScenarioView) -> str:
+    """``price=120 USD, warranty=1y``: an offer with units, in issue order."""
+    parts = []
+    for issue in view.issues:
+        unit = f" {issue.unit}" if issue.unit and issue.kind is not IssueKind.CATEGORICAL else ""
+        parts.append(f"{issue.name}={offer[issue.name]}{unit}")
+    return ", ".join(parts)
+
+
+def _priorities(view: ScenarioView) -> str:
+    prefs = view.preferences
+    lines = []
+    ranked = sorted(view.issues, key=lambda i: -prefs.weights[i.name])
+    for rank, issue in enumerate(ranked):
+        weight = prefs.weights[issue.name]
+        label = " (most important)" if rank == 0 and len(ranked) > 1 else ""
+        vf = prefs.values[issue.name]
+        if issue.kind is IssueKind.CATEGORICAL:
+            table = dict(vf.table)
+            wants = "value of each option to you: " + ", ".join(f"{o}={table[o]:.2f}" for o in issue.options)
+        else:
+            better = "higher" if vf.direction is Direction.INCREASING else "lower"
+            wants = f"{better} is better for you (linear from {issue.low} to {issue.high})"
+        lines.append(f"- {issue.name}: weight {weight:.2f}{label}; {wants}")
+    return "\n".join(lines)
+
+
+def _history(history: tuple[PublicMove, ...], view: ScenarioView) -> str:
+    if not history:
+        return "Nothing yet: no offer has been made."
+    lines = []
+    for move in history:
+        who = f"{move.role.value} (you)" if move.role is view.role else move.role.value
+        if move.kind is ActionKind.OFFER and move.offer is not None:
+            what = f"offered {describe_offer(move.offer, view)} (worth {view.utility(move.offer):.2f} to you)"
+        elif move.kind is ActionKind.ACCEPT:
+            what = "accepted"
+        else:
+            what = "walked away"
+        said = f" Message: {json.dumps(move.message, ensure_ascii=False)}" if move.message else ""
+        lines.append(f"- Round {move.round}, {who}: {what}.{said}")
+    return "\n".join(lines)
+
+
+def _standing(offer: Offer | None, view: ScenarioView) -> str:
+    other = view.role.other.value
+    if offer is None:
+        return f"There is no offer from the {other} on the table, so you cannot accept now."
+    return (
+        f"The {other}'s offer on the table: {describe_offer(offer, view)}. "
+        f"It is worth {view.utility(offer):.2f} to you."
+    )
+
+
+def _reply_format(view: ScenarioView, tools: bool) -> str:
+    if tools:
+        return f"Reply by calling exactly one of the tools {', '.join(ACTION_TOOLS)}."
+    shape = ", ".join(f'"{i.name}": <{_value_hint(i)}>' for i in view.issues)
+    return (
+        "End your reply with exactly one JSON object in a ```json block, one of:\n"
+        f'{{"action": "offer", "offer": {{{shape}}}, "message": "..."}}\n'
+        '{"action": "accept", "message": "..."}\n'
+        '{"action": "walk_away", "message": "..."}\n'
+        "Numbers are plain JSON numbers without units; options are JSON strings."
+    )
+
+
+def _value_hint(issue) -> str:
+    if issue.kind is IssueKind.CATEGORICAL:
+        return " | ".join(json.dumps(o) for o in issue.options)
+    step = f" step {issue.step}" if issue.kind is IssueKind.INT and issue.step != 1 else ""
+    return f"{issue.kind.value} {issue.low}..{issue.high}{step}"
+
+
+def _tidy(text: str) -> str:
+    # empty optional fields leave runs of blank lines behind
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"

@@ -1,0 +1,235 @@
+"""A fake model server for tests and benchmarks: OpenAI ``/v1/chat/completions`` and Anthropic ``/v1/messages``.
+
+It answers with whatever a *brain* decides (a callable from the request's messages to an :class:`Action`),
+in the wire format the request asks for: tool calls when tools were offered, otherwise text with a JSON block.
+A :class:`Control` object steers it: latency, and a queue of faults applied to the next requests (HTTP errors
+with or without ``Retry-After``, a truncated body, empty choices, wrong-typed tool arguments, a missing field,
+an error body that echoes the caller's API key). Every request body is recorded.
+
+Run it standalone (for benchmarks in a separate process): ``python llm_server.py --latency 0.05``; it prints
+``port=<N>`` on its first line and serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from nego.agents.parsing import action_to_json, action_to_tool_call
+from nego.market.types import Action, ActionKind
+
+Brain = Callable[[list[dict[str, Any]]], Action]
+"""Decides the next action from the request's messages (``[{"role": ..., "content": ...}]``, system first)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What to do wrong with one request. ``status``: answer with this HTTP error; ``mode``: corrupt a 200."""
+
+    status: int | None = None
+    retry_after: str | None = None
+    mode: str | None = None  # "truncated", "empty_choices", "wrong_types", "missing_field", "echo_key"
+
+
+@dataclass
+class Control:
+    """Steers the server; tests mutate it between or during negotiations."""
+
+    latency_s: float = 0.0
+    faults: deque[Fault] = field(default_factory=deque)
+
+    def fail(self, n: int, status: int = 500, retry_after: str | None = None) -> None:
+        self.faults.extend(Fault(status=status, retry_after=retry_after) for _ in range(n))
+
+    def corrupt(self, n: int, mode: str) -> None:
+        self.faults.extend(Fault(mode=mode) for _ in range(n))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    path: str
+    headers: Mapping[str, str]
+    body: dict[str, Any]
+
+
+class FakeLLMServer:
+    """The aiohttp application and what it saw. ``base_url`` is set once it is serving."""
+
+    def __init__(self, brain: Brain, control: Control | None = None) -> None:
+        self.brain = brain
+        self.control = control or Control()
+        self.requests: list[Recorded] = []
+        self.host = ""
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self._openai)
+        self.app.router.add_post("/v1/messages", self._anthropic)
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.host}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return self.host
+
+    async def _common(self, request: web.Request, messages: list[dict[str, Any]]) -> tuple[Fault | None, Action]:
+        if self.control.latency_s:
+            await asyncio.sleep(self.control.latency_s)
+        fault = self.control.faults.popleft() if self.control.faults else None
+        return fault, self.brain(messages)
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(Recorded(request.path, dict(request.headers), body))
+        fault, action = await self._common(request, body["messages"])
+        if fault is not None and (fault.status or fault.mode == "echo_key"):
+            return _error(fault, request.headers.get("Authorization", ""))
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if body.get("tools"):
+            call = action_to_tool_call(action)
+            args = _wrong_types(call.arguments) if fault and fault.mode == "wrong_types" else call.arguments
+            message["tool_calls"] = [
+                {"id": "call_1", "type": "function", "function": {"name": call.name, "arguments": args}}
+            ]
+        else:
+            message["content"] = _text_reply(action)
+        reply: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": _usage(body["messages"], message, "prompt_tokens", "completion_tokens"),
+        }
+        if fault and fault.mode == "empty_choices":
+            reply["choices"] = []
+        if fault and fault.mode == "missing_field":
+            del reply["choices"][0]["message"]
+        return _json(reply, truncated=bool(fault and fault.mode == "truncated"))
+
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(Recorded(request.path, dict(request.headers), body))
+        messages = ([{"role": "system", "content": body["system"]}] if body.get("system") else []) + body["messages"]
+        fault, action = await self._common(request, messages)
+        if fault is not None and (fault.status or fault.mode == "echo_key"):
+            return _error(fault, request.headers.get("x-api-key") or request.headers.get("Authorization", ""))
+        if body.get("tools"):
+            call = action_to_tool_call(action)
+            args = _wrong_types(call.arguments) if fault and fault.mode == "wrong_types" else call.arguments
+            content = [{"type": "tool_use", "id": "toolu_1", "name": call.name, "input": json.loads(args)}]
+        else:
+            content = [{"type": "text", "text": _text_reply(action)}]
+        reply: dict[str, Any] = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": "tool_use" if body.get("tools") else "end_turn",
+            "stop_sequence": None,
+            "usage": _usage(messages, content, "input_tokens", "output_tokens"),
+        }
+        if fault and fault.mode == "empty_choices":
+            reply["content"] = None
+        if fault and fault.mode == "missing_field":
+            del reply["usage"]
+        return _json(reply, truncated=bool(fault and fault.mode == "truncated"))
+
+
+def _text_reply(action: Action) -> str:
+    block = json.dumps(action_to_json(action))
+    return f"Let me think about the numbers {{not json}} first.\n```json\n{block}\n```\nThat is my move."
+
+
+def _wrong_types(arguments: str) -> str:
+    args = json.loads(arguments)
+    return json.dumps({k: (v if k == "message" else f"about {v}") for k, v in args.items()} or {"message": 7})
+
+
+def _usage(messages: Sequence[Any], reply: Any, prompt_key: str, completion_key: str) -> dict[str, int]:
+    return {prompt_key: len(json.dumps(messages)) // 4, completion_key: len(json.dumps(reply)) // 4}
+
+
+def _json(payload: dict[str, Any], *, truncated: bool) -> web.Response:
+    text = json.dumps(payload)
+    return web.Response(text=text[: len(text) // 2] if truncated else text, content_type="application/json")
+
+
+def _error(fault: Fault, credential: str) -> web.Response:
+    status = fault.status or 401
+    detail = f"invalid credential {credential}" if fault.mode == "echo_key" else "injected failure"
+    payload = {"error": {"message": f"fake server: {detail}", "type": "fake_error"}, "type": "error"}
+    headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+    return web.json_response(payload, status=status, headers=headers)
+
+
+@asynccontextmanager
+async def serve(brain: Brain, control: Control | None = None, port: int = 0) -> AsyncIterator[FakeLLMServer]:
+    """Serve a fake model on 127.0.0.1 (port 0: any free port) for the duration of the block."""
+    server = FakeLLMServer(brain, control)
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+    await site.start()
+    bound = runner.addresses[0][1]
+    server.host = f"http://127.0.0.1:{bound}"
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+def prompt_brain(offers: Mapping[str, Sequence[Mapping[str, Any]]], accept_at: Mapping[str, float]) -> Brain:
+    """A brain that reads only the prompt nego renders: its role, the round, and the standing offer's worth.
+
+    It accepts a standing offer worth at least ``accept_at[role]`` to it; otherwise it offers
+    ``offers[role][round - 1]`` (the last one once the list runs out).
+    """
+
+    def decide(messages: list[dict[str, Any]]) -> Action:
+        system = " ".join(m["content"] for m in messages if m["role"] == "system")
+        user = messages[-1]["content"]
+        role = re.search(r"You are the (seller|buyer)", system).group(1)
+        rnd = int(re.search(r"Round (\d+) of", user).group(1))
+        worth = re.search(r"It is worth ([0-9.]+) to you", user)
+        if worth and float(worth.group(1)) >= accept_at[role]:
+            return Action(ActionKind.ACCEPT, message="deal")
+        plan = offers[role]
+        return Action.make_offer(plan[min(rnd, len(plan)) - 1], f"round {rnd} offer")
+
+    return decide
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="Serve the fake model server until killed.")
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--brain", default="widgets", help="only 'widgets': a fixed plan for the widget scenario")
+    args = parser.parse_args()
+    brain = prompt_brain(
+        {
+            "seller": [{"price": p, "quantity": 10, "warranty": "1y"} for p in (150, 140, 130, 120, 110, 100)],
+            "buyer": [{"price": p, "quantity": 10, "warranty": "2y"} for p in (60, 70, 80, 90, 100, 110)],
+        },
+        {"seller": 0.6, "buyer": 0.6},
+    )
+
+    async def run() -> None:
+        async with serve(brain, Control(latency_s=args.latency), args.port) as server:
+            print(f"port={server.host.rsplit(':', 1)[1]}", flush=True)
+            await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    _main()
