@@ -1,0 +1,40 @@
+"""The ``nego`` command line: one typer app; each command lives in its own module and imports heavy parts lazily."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+from rich.console import Console
+
+from .scenarios_cmd import app as scenarios_app
+from .simulate_cmd import simulate
+
+app = typer.Typer(
+    name="nego",
+    help="A marketplace simulator for bilateral multi-issue bargaining, with an RL plugin for LLM sellers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(simulate)
+app.add_typer(scenarios_app, name="scenarios")
+
+
+@app.command()
+def agents() -> None:
+    """List the agent specs that --sellers and --buyers accept."""
+    from nego.agents.registry import known_specs
+
+    console = Console()
+    for spec in known_specs():
+        console.print(spec, highlight=False)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

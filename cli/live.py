@@ -1,0 +1,175 @@
+"""The live view of a running market: ongoing negotiations, a ticker of deals, running statistics, progress.
+
+Market events only update small in-memory structures (O(1) each); rendering happens on rich's refresh thread
+at a fixed rate, so a busy market does not wait for the terminal. Without a terminal, :class:`PlainProgress`
+prints a line per market day and at most one progress line every few seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from nego.market.events import DayEnded, DayStarted, EndKind, NegotiationEnded, NegotiationStarted, TurnPlayed
+from nego.market.summary import RunningStats
+from nego.market.types import ActionKind
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+MAX_ROWS = 12
+TICKER = 8
+
+
+@dataclass
+class _Ongoing:
+    pair: str
+    scenario: str
+    round: int = 0
+    last: str = ""
+    u_seller: float | None = None
+    u_buyer: float | None = None
+
+
+class MarketWatch:
+    """Subscribe to an :class:`~nego.market.events.EventBus`; keeps what the live view and the plain progress show."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = max(1, expected)
+        self.done = 0
+        self.deals = 0
+        self.errors = 0
+        self.day = 0
+        self.stats = RunningStats()
+        self.ongoing: OrderedDict[str, _Ongoing] = OrderedDict()
+        self.ticker: deque[str] = deque(maxlen=TICKER)
+        self.started = time.perf_counter()
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, TurnPlayed):
+            row = self.ongoing.get(event.negotiation_id)
+            if row is not None:
+                turn = event.turn
+                row.round = turn.round
+                kind = turn.action.kind
+                if not turn.valid:
+                    row.last = f"{turn.role}: invalid"
+                elif kind is ActionKind.OFFER and turn.action.offer is not None:
+                    row.last = f"{turn.role}: {turn.action.offer.describe()}"
+                else:
+                    row.last = f"{turn.role}: {kind.value}"
+                row.u_seller, row.u_buyer = event.standing_seller, event.standing_buyer
+        elif isinstance(event, NegotiationStarted):
+            job = event.job
+            self.ongoing[job.negotiation_id] = _Ongoing(f"{job.seller} vs {job.buyer}", job.scenario.id)
+        elif isinstance(event, NegotiationEnded):
+            self._ended(event)
+        elif isinstance(event, DayStarted):
+            self.day = event.day
+
+    def _ended(self, event: NegotiationEnded) -> None:
+        self.ongoing.pop(event.job.negotiation_id, None)
+        self.stats(event)
+        self.done += 1
+        kind = event.kind
+        if kind is EndKind.ERROR:
+            self.errors += 1
+            self.ticker.appendleft(
+                f"[red]error[/] {event.job.seller} vs {event.job.buyer}: {event.result.outcome.error}"
+            )
+        elif kind is EndKind.DEAL:
+            self.deals += 1
+            o = event.result.outcome
+            deal = o.agreement.describe() if o.agreement is not None else ""
+            self.ticker.appendleft(
+                f"[green]deal[/] {event.job.seller} vs {event.job.buyer} on {event.job.scenario.id} "
+                f"(u_s={o.seller_utility:.2f}, u_b={o.buyer_utility:.2f}): {deal}"
+            )
+
+    @property
+    def rate(self) -> float:
+        """Negotiations finished per second since the watch started."""
+        return self.done / max(1e-9, time.perf_counter() - self.started)
+
+
+def _fmt(u: float | None) -> str:
+    return "-" if u is None else f"{u:.2f}"
+
+
+def stats_table(watch: MarketWatch, title: str = "Sellers") -> Table:
+    """Running statistics per seller spec."""
+    table = Table(title=title, expand=True)
+    for col in ("seller", "n", "deal rate", "mean u_seller", "mean u_buyer", "rounds", "invalid", "errors"):
+        table.add_column(col, justify="left" if col == "seller" else "right")
+    for row in watch.stats.frame("seller").iter_rows(named=True):
+        table.add_row(
+            row["spec"],
+            str(row["n"]),
+            _fmt(row["deal_rate"]),
+            _fmt(row["mean_seller_utility"]),
+            _fmt(row["mean_buyer_utility"]),
+            _fmt(row["mean_rounds"]),
+            _fmt(row["invalid_rate"]),
+            str(row["errors"]),
+        )
+    return table
+
+
+class LiveView:
+    """A rich live display driven by a :class:`MarketWatch`; use as a context manager around the run."""
+
+    def __init__(self, watch: MarketWatch, console: Console | None = None, refresh_per_second: float = 4) -> None:
+        self.watch = watch
+        self.progress = Progress(
+            TextColumn("[bold]negotiations"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:.0f}/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        self._task = self.progress.add_task("market", total=watch.expected, rate=0.0)
+        self.live = Live(get_renderable=self.render, console=console, refresh_per_second=refresh_per_second)
+
+    def render(self) -> Group:
+        w = self.watch
+        self.progress.update(self._task, completed=w.done, total=max(w.expected, w.done), rate=w.rate)
+        ongoing = Table(title=f"Day {w.day}: negotiations in progress ({len(w.ongoing)})", expand=True)
+        for col in ("pair", "scenario", "round", "last move", "u_seller", "u_buyer"):
+            ongoing.add_column(col, overflow="ellipsis", no_wrap=True)
+        for row in list(w.ongoing.values())[:MAX_ROWS]:
+            ongoing.add_row(row.pair, row.scenario, str(row.round), row.last, _fmt(row.u_seller), _fmt(row.u_buyer))
+        ticker = Panel(
+            "\n".join(w.ticker) or "no deal yet", title=f"Recent deals ({w.deals} so far)", height=TICKER + 2
+        )
+        return Group(ongoing, ticker, stats_table(w), self.progress)
+
+    def __enter__(self) -> LiveView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+
+class PlainProgress:
+    """Progress as plain lines, for logs and pipes: one line per market day, at most one more every ``every_s``."""
+
+    def __init__(self, watch: MarketWatch, console: Console, every_s: float = 5.0) -> None:
+        self.watch, self.console, self.every_s = watch, console, every_s
+        self._last = time.perf_counter()
+
+    def __call__(self, event: object) -> None:
+        w = self.watch
+        if isinstance(event, DayEnded):
+            self.console.print(
+                f"day {event.day}: {event.negotiations} negotiations, {event.deals} deals, {event.errors} errors, "
+                f"{event.units} units, revenue {event.revenue:,.0f}  [{w.done}/{w.expected} done]",
+                highlight=False,
+            )
+        elif isinstance(event, NegotiationEnded) and time.perf_counter() - self._last > self.every_s:
+            self._last = time.perf_counter()
+            self.console.print(f"{w.done}/{w.expected} negotiations, {w.deals} deals, {w.rate:.0f}/s", highlight=False)
