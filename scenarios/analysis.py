@@ -4,7 +4,8 @@ The outcome space is the cartesian product of every issue's grid (:meth:`Issue.g
 int or categorical issue, and float issues at their ``step`` (the documented resolution of the analysis). An
 outcome is addressed by a flat index in row-major order over the issues as listed in the scenario (the last
 issue varies fastest), so ``utilities(scenario)[0][k]`` is the seller's utility of ``offer_at(scenario, k)``.
-All quantities are computed with numpy over the whole grid by broadcasting per-issue utility vectors.
+All quantities are computed with numpy over the whole grid by broadcasting per-issue utility vectors; grid
+utilities are rounded to 12 decimals so that exact ties stay ties.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def utility_grid(prefs_contributions: list[np.ndarray]) -> np.ndarray:
         shape = [1] * len(prefs_contributions)
         shape[k] = vec.size
         total = total + vec.reshape(shape)
-    return np.clip(total, 0.0, 1.0).ravel()
+    # Rounding to 12 decimals makes outcomes of mathematically equal utility tie exactly (float sums of the same
+    # terms in another order differ in the last bits), so Pareto and Nash ties are decided by the maths.
+    return np.clip(np.round(total, 12), 0.0, 1.0).ravel()
 
 
 def compute_utilities(scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:

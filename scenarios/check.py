@@ -22,8 +22,8 @@ def check_scenario(scenario: Scenario) -> None:
     """Raise :class:`ScenarioCheckError` naming the first broken rule; return None when the scenario conforms."""
     _check_utilities(scenario)
     _check_isolation(scenario)
-    _check_round_trips(scenario)
     _check_zopa_flag(scenario)
+    _check_round_trips(scenario)
 
 
 def _fail(scenario: Scenario, message: str) -> None:
