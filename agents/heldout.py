@@ -38,7 +38,7 @@ class Walker(RuleNegotiator):
         ``k`` offers."""
         theirs = opponent_offers(obs)
         u = self._their_u
-        u.extend(obs.scenario.utility(o) for o in theirs[len(u) :])
+        u.extend(self._space.utility_of(o) for o in theirs[len(u) :])
         if len(u) < self.k + 1:
             return False
         return max(u) - max(u[: -self.k]) < self.delta
@@ -50,7 +50,7 @@ class Walker(RuleNegotiator):
             return WALK_AWAY
         t = Clock.OWN.time(obs)
         target = space.best - (space.best - max(rv, space.worst)) * t ** (1.0 / self.e)
-        if acceptable(obs, target):
+        if acceptable(obs, target, space):
             return ACCEPT
         if t >= self.patience or self.stalled(obs):
             return WALK_AWAY
@@ -109,7 +109,7 @@ class Picky(RuleNegotiator):
         if self.hopeless(space, floor):
             return WALK_AWAY
         target = space.best - (space.best - max(floor, space.worst)) * Clock.OWN.time(obs) ** (1.0 / self.e)
-        if acceptable(obs, max(target, floor)):
+        if acceptable(obs, max(target, floor), space):
             return ACCEPT
         model = self._model
         theirs = opponent_offers(obs)

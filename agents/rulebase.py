@@ -76,13 +76,12 @@ def opponent_offers(obs: Observation) -> list[Offer]:
     return [m.offer for m in obs.history if m.role is not me and m.kind is ActionKind.OFFER and m.offer is not None]
 
 
-def acceptable(obs: Observation, threshold: float) -> bool:
+def acceptable(obs: Observation, threshold: float, space: OutcomeSpace) -> bool:
     """True if an offer from the other side stands and is worth at least ``threshold`` (and the reservation)."""
     offer = obs.standing_offer
     if offer is None:
         return False
-    view = obs.scenario
-    return view.utility(offer) >= max(threshold, view.preferences.reservation)
+    return space.utility_of(offer) >= max(threshold, obs.scenario.preferences.reservation)
 
 
 def offer_action(space: OutcomeSpace, index: Index) -> Action:

@@ -12,7 +12,7 @@ An outcome is addressed by a pair ``(left, right)`` of flat indices into the two
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,14 +46,6 @@ def _group_sums(contribs: Sequence[np.ndarray], group: Sequence[int]) -> np.ndar
     return total
 
 
-def _group_values(grids: Sequence[tuple[Value, ...]], names: Sequence[str], group: Sequence[int]) -> list[tuple]:
-    """For every flat index of the group, its ((issue name, value), ...) pairs, in the same order as the sums."""
-    rows: list[tuple] = [()]
-    for pos in group:
-        rows = [(*row, (names[pos], v)) for row in rows for v in grids[pos]]
-    return rows
-
-
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """For each left index, the right partner with the smallest total utility reaching a target."""
@@ -79,9 +71,12 @@ class OutcomeSpace:
         b = _group_sums(contribs, self._right)
         self._order = np.argsort(b, kind="stable")
         self._bs = b[self._order]
+        self._bs_inf = np.append(self._bs, np.inf)  # sentinel: searchsorted past the end reads +inf
         self._b = b
-        self._left_values = _group_values(grids, names, self._left)
-        self._right_values = _group_values(grids, names, self._right)
+        self._names = names
+        self._grids = grids
+        self._tables = [dict(zip(g, c.tolist(), strict=True)) for g, c in zip(grids, contribs, strict=True)]
+        self._preferences = preferences
         ia, ib = int(np.argmax(self._a)), int(np.argmax(b))
         self.best_index: Index = (ia, ib)
         self.best = float(self._a[ia] + b[ib])
@@ -97,7 +92,23 @@ class OutcomeSpace:
         return float(self._a[index[0]] + self._b[index[1]])
 
     def offer(self, index: Index) -> Offer:
-        return Offer(dict(self._left_values[index[0]] + self._right_values[index[1]]))
+        values: dict[str, Value] = {}
+        for group, flat in ((self._left, index[0]), (self._right, index[1])):
+            for pos in reversed(group):
+                flat, k = divmod(flat, len(self._grids[pos]))
+                values[self._names[pos]] = self._grids[pos][k]
+        return Offer({name: values[name] for name in self._names})
+
+    def utility_of(self, offer: Mapping[str, Value]) -> float:
+        """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (same terms, same
+        order), from lookup tables when every value lies on the grid."""
+        u = 0.0
+        try:
+            for name, table in zip(self._names, self._tables, strict=True):
+                u += table[offer[name]]
+        except (KeyError, TypeError):
+            return self._preferences.utility(offer, self.issues)
+        return min(1.0, max(0.0, u))
 
     def candidates(self, target: float) -> Candidates:
         """Per left index, the cheapest right partner whose total reaches ``target`` (left indices without one are
@@ -110,15 +121,12 @@ class OutcomeSpace:
 
     def at_least(self, target: float) -> Index | None:
         """The outcome with the smallest own utility >= ``target``, or None if no outcome reaches it."""
-        bs = self._bs
-        n = len(bs)
-        j = np.searchsorted(bs, target - self._a, side="left")
-        tot = self._a + bs[np.minimum(j, n - 1)]
-        tot[j >= n] = np.inf
-        i = int(np.argmin(tot))
+        j = self._bs.searchsorted(target - self._a)
+        tot = self._a + self._bs_inf[j]
+        i = int(tot.argmin())
         if tot[i] == np.inf:
             return None
-        return i, int(self._order[min(int(j[i]), n - 1)])
+        return i, int(self._order[j[i]])
 
     def count_at_least(self, floor: float) -> int:
         return int(self._floor_counts(floor)[1][-1])

@@ -21,7 +21,7 @@ class Hardliner(RuleNegotiator):
         rv = obs.scenario.preferences.reservation
         if self.hopeless(space, rv):
             return WALK_AWAY
-        if acceptable(obs, self.accept * space.best):
+        if acceptable(obs, self.accept * space.best, space):
             return ACCEPT
         return offer_action(space, space.best_index)
 
@@ -38,6 +38,6 @@ class RandomValid(RuleNegotiator):
         idx = space.sample_at_least(rv + 1e-9, self.rng)
         if idx is None:
             return WALK_AWAY
-        if acceptable(obs, space.utility(idx)):
+        if acceptable(obs, space.utility(idx), space):
             return ACCEPT
         return offer_action(space, idx)

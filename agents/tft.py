@@ -33,10 +33,10 @@ class TitForTat(RuleNegotiator):
             return WALK_AWAY
         theirs = opponent_offers(obs)
         if len(theirs) >= 2 and len(theirs) > self._seen:
-            gain = view.utility(theirs[-1]) - view.utility(theirs[-2])
+            gain = space.utility_of(theirs[-1]) - space.utility_of(theirs[-2])
             if gain > 0:
                 self._target = max(rv, self._target - self.k * gain)
         self._seen = len(theirs)
-        if acceptable(obs, rv if obs.is_last_turn else self._target):
+        if acceptable(obs, rv if obs.is_last_turn else self._target, space):
             return ACCEPT
         return offer_action(space, self.offer_at_least(space, self._target, rv))

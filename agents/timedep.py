@@ -44,6 +44,6 @@ class TimeDependent(RuleNegotiator):
         if self.hopeless(space, rv):
             return WALK_AWAY
         target = self.target(obs)
-        if acceptable(obs, target):
+        if acceptable(obs, target, space):
             return ACCEPT
         return offer_action(space, self.offer_at_least(space, target, rv))

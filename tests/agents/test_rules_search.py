@@ -80,3 +80,18 @@ def test_split_balances_grid_products():
     prod = lambda g: int(np.prod([[20, 10, 30, 25][p] for p in g]))  # noqa: E731
     assert sorted(left + right) == [0, 1, 2, 3]
     assert max(prod(left), prod(right)) / min(prod(left), prod(right)) < 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 100_000), n_issues=st.integers(1, 5))
+def test_table_utility_is_bit_identical_to_preferences(seed, n_issues):
+    space, outcomes, utils = space_for(seed, n_issues)
+    for o, u in zip(outcomes[:50], utils[:50], strict=False):
+        assert space.utility_of(o) == u
+
+
+def test_off_grid_values_fall_back_to_the_preferences():
+    issues = (Issue("x", IssueKind.FLOAT, low=0.0, high=1.0, step=0.5), Issue("y", IssueKind.INT, low=0, high=2))
+    prefs = Preferences({"x": 0.5, "y": 0.5}, {"x": ValueFunction.increasing(), "y": ValueFunction.decreasing()}, 0.0)
+    space = OutcomeSpace(issues, prefs)
+    assert space.utility_of({"x": 0.3, "y": 1}) == prefs.utility({"x": 0.3, "y": 1}, issues)
