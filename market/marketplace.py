@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -35,9 +36,15 @@ FactorySource = Mapping[str, NegotiatorFactory] | Callable[[str], NegotiatorFact
 """Either a mapping from spec to factory or a resolver such as ``nego.agents.registry.resolve``."""
 
 
+@lru_cache(maxsize=4096)
+def scenario_hash(scenario: Scenario) -> str:
+    """``scenario.content_hash()``, cached: a run asks for it once per job and once per transcript row."""
+    return scenario.content_hash()
+
+
 def make_negotiation_id(scenario: Scenario, seller: str, buyer: str, seed: int) -> str:
     """A stable id for (scenario content, seller spec, buyer spec, seed, opener): same inputs, same id."""
-    key = "\x1f".join((scenario.content_hash(), seller, buyer, str(seed), scenario.opener.value))
+    key = "\x1f".join((scenario_hash(scenario), seller, buyer, str(seed), scenario.opener.value))
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 

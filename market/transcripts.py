@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from nego.scenarios.scenario import Role
 
+from .marketplace import scenario_hash
 from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def negotiation_row(job: Job, attempt: int, result: NegotiationResult, wall_s: f
         "day": job.day,
         "pair": job.pair,
         "scenario_id": sc.id,
-        "scenario_hash": sc.content_hash(),
+        "scenario_hash": scenario_hash(sc),
         "category": sc.category,
         "seller": job.seller,
         "buyer": job.buyer,

@@ -1,8 +1,8 @@
 """A marketplace run with transcripts, meant to be killed: ``python -m tests.market.killable_run DIR N FAIL``.
 
-Prints ``ready`` once imports are done, then plays N slow-ish jobs writing small parts, so that a kill lands
-at a random point of the run. With FAIL=1 every seventh job's seller cannot act (an error outcome), so a later
-run with FAIL=0 must play those again as a new attempt.
+Prints ``ready`` once imports are done, then plays N slow-ish jobs writing small parts and prints ``ended``
+after each negotiation, so that a test can kill it at a random point of its progress. With FAIL=1 every seventh
+job's seller cannot act (an error outcome), so a later run with FAIL=0 must play those again as a new attempt.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from nego.market.events import EventBus, NegotiationEnded
 from nego.market.marketplace import Job, Marketplace
 from nego.market.transcripts import TranscriptWriter
 
@@ -28,8 +29,10 @@ def main(directory: str, n: int, fail: bool) -> None:
         "a": Factory("a", delay=0.004),
         "b": Factory("b", delay=0.004),
     }
+    bus = EventBus()
+    bus.subscribe(lambda e: print("ended", flush=True) if isinstance(e, NegotiationEnded) else None)
     print("ready", flush=True)
-    market = Marketplace(specs, concurrency=4, writer=TranscriptWriter(directory, flush_every=2))
+    market = Marketplace(specs, concurrency=4, bus=bus, writer=TranscriptWriter(directory, flush_every=2))
     asyncio.run(market.run(make_jobs(n)))
     print("done", flush=True)
 

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -114,21 +115,26 @@ def test_empty_directory_reads_as_empty_tables(tmp_path):
     assert TranscriptWriter(tmp_path).completed_ids() == set()
 
 
-def _run(directory: Path, n: int, fail: bool, kill_after: float | None) -> bool:
-    """Run the killable script; True if it was killed before it finished."""
+def _run(directory: Path, n: int, fail: bool, kill_at: int | None, pause: float = 0.0) -> bool:
+    """Run the killable script; with ``kill_at``, SIGKILL it ``pause`` s after its ``kill_at``-th finished
+    negotiation. True if it was killed before it finished."""
     cmd = [sys.executable, "-m", "tests.market.killable_run", str(directory), str(n), "1" if fail else "0"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        if kill_after is None:
-            assert proc.wait(timeout=120) == 0
-            return False
-        try:
-            proc.wait(timeout=kill_after)
-        except subprocess.TimeoutExpired:
+        ended = 0
+        while kill_at is not None and ended < kill_at:
+            line = proc.stdout.readline().strip()
+            if line != "ended":
+                break  # "done" or end of output: it finished first
+            ended += 1
+        if kill_at is not None and ended == kill_at:
+            time.sleep(pause)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            return True
+            return proc.returncode == -signal.SIGKILL
+        proc.stdout.read()
+        assert proc.wait(timeout=120) == 0
         return False
     finally:
         if proc.poll() is None:
@@ -141,14 +147,17 @@ def _canonical(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def test_killed_runs_resume_to_exactly_one_row_per_job(tmp_path):
-    n = 80
+    n = 60
     rng = random.Random(20240611)
     directory = tmp_path / "killed"
-    killed = [_run(directory, n, fail, kill_after=rng.uniform(0.05, 0.5)) for fail in (True, True, False, False)]
+    killed = [
+        _run(directory, n, fail, kill_at=rng.randint(1, 12), pause=rng.uniform(0.0, 0.02))
+        for fail in (True, True, False, False)
+    ]
     assert sum(killed) >= 3  # the kills really interrupted runs
-    _run(directory, n, False, kill_after=None)
+    _run(directory, n, False, kill_at=None)
     reference = tmp_path / "reference"
-    _run(reference, n, False, kill_after=None)
+    _run(reference, n, False, kill_at=None)
 
     all_rows = read_negotiations(directory)
     assert all_rows.select("negotiation_id", "attempt").is_duplicated().sum() == 0
