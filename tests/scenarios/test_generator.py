@@ -100,3 +100,19 @@ def test_utilities_in_unit_interval_over_whole_grids() -> None:
     for s in generate_scenarios(20, 3):
         u_s, u_b = utilities(s)
         assert u_s.min() >= 0 and u_s.max() <= 1 and u_b.min() >= 0 and u_b.max() <= 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.data())
+def test_utilities_of_random_offers_lie_in_unit_interval(seed: int, data: st.DataObject) -> None:
+    s = generate_scenario(seed)
+    offer = {}
+    for issue in s.issues:
+        if issue.kind.value == "categorical":
+            offer[issue.name] = data.draw(st.sampled_from(issue.options))
+        elif issue.kind.value == "int":
+            offer[issue.name] = data.draw(st.sampled_from(issue.grid()))
+        else:  # float issues accept any value in range, not only grid points
+            offer[issue.name] = data.draw(st.floats(issue.low, issue.high))
+    for role in (Role.SELLER, Role.BUYER):
+        assert 0.0 <= s.utility(role, offer) <= 1.0
