@@ -1,0 +1,272 @@
+"""Model specs: turn ``openai:gpt-5-mini``, ``4.5b``, ``4.5b-rl`` or ``remote:http://...`` into a negotiator factory.
+
+``nego.agents.registry.resolve`` hands every spec that is not a rule-based one to :func:`resolve_model_spec`.
+Everything is checked here, before any negotiation starts: an unknown alias, a missing checkpoint, a missing
+API key or a missing optional dependency raises :class:`ModelSpecError` (a ``ValueError``) that says what to do.
+Provider SDKs, torch and transformers are imported only when a spec needs them.
+
+Spec forms:
+
+- ``openai:MODEL``: the OpenAI API (``OPENAI_API_KEY``; ``OPENAI_BASE_URL`` or ``--base-url`` for another server)
+- ``anthropic:MODEL``: the Anthropic API (``ANTHROPIC_API_KEY``; ``ANTHROPIC_BASE_URL``)
+- ``vllm:MODEL@URL``: an OpenAI-compatible server at URL (``vllm serve``); tools only with ``--tools``
+- ``hf:PATH_OR_ID``: a transformers chat model in this process
+- ``remote:URL``: an agent served by ``nego serve-agent``
+- ``2.3b``, ``4.5b``, ``12b``, ``31b``: Gemma 4 instruction checkpoints, in process (``hf:``), or on the vLLM server
+  named by ``NEGO_VLLM_URL`` or ``--base-url``
+- ``tiny``, ``NAME-rl`` or any name in the local model registry (``~/.nego/models.json``)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from nego.scenarios.scenario import Role
+
+from .backends.base import ChatBackend
+from .backends.limits import PriceTable, RateLimits, RetryPolicy
+from .llm import LLMNegotiator
+from .prompts import DEFAULT_TEMPLATE, PromptTemplate, TemplateError, load_template
+
+SIZE_ALIASES: dict[str, str] = {
+    "2.3b": "google/gemma-4-E2B-it",
+    "4.5b": "google/gemma-4-E4B-it",
+    "12b": "google/gemma-4-12B-it",
+    "31b": "google/gemma-4-31B-it",
+}
+"""Gemma 4 instruction-tuned checkpoints on the Hugging Face hub, by effective size."""
+
+LLM_EXTRA_HINT = "install the LLM extra: pip install 'nego[llm]'"
+TRAIN_EXTRA_HINT = "install the training extra (torch, transformers): pip install 'nego[train]'"
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be played here, with what to do about it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LLMSettings:
+    """How model specs are played: prompt, sampling, server, tools and limits. The CLI fills it from options;
+    :meth:`from_env` reads the environment variables named in the module docstring."""
+
+    template: str = DEFAULT_TEMPLATE
+    max_tokens: int = 512
+    temperature: float = 0.7
+    tools: bool | None = None
+    """None: tools for OpenAI and Anthropic, plain-text JSON for vLLM and in-process models."""
+    base_url: str | None = None
+    """A server for ``openai:`` specs and the vLLM server for size aliases (``--base-url``)."""
+    vllm_url: str | None = None
+    limits: RateLimits = field(default_factory=RateLimits)
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    prices: PriceTable = field(default_factory=PriceTable)
+
+    @staticmethod
+    def from_env(environ: dict[str, str] | None = None, **overrides: Any) -> LLMSettings:
+        env = os.environ if environ is None else environ
+        settings = LLMSettings(base_url=env.get("OPENAI_BASE_URL") or None, vllm_url=env.get("NEGO_VLLM_URL") or None)
+        return replace(settings, **overrides)
+
+
+class LLMFactory:
+    """Builds :class:`LLMNegotiator` s that share one backend (so its limits and client are shared)."""
+
+    def __init__(self, spec: str, backend: ChatBackend, settings: LLMSettings, template: PromptTemplate) -> None:
+        self.spec = spec
+        self.kind = backend.kind
+        self.backend = backend
+        self.settings = settings
+        self.template = template
+
+    @property
+    def prompt_id(self) -> str:
+        return self.template.id
+
+    def __call__(self, role: Role | str, seed: int) -> LLMNegotiator:
+        s = self.settings
+        return LLMNegotiator(
+            self.backend,
+            role=role,
+            seed=seed,
+            template=self.template,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            use_tools=s.tools,
+        )
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+
+    def __repr__(self) -> str:
+        return f"LLMFactory({self.spec!r}, prompt={self.prompt_id})"
+
+
+def known_model_specs() -> list[str]:
+    """The spec forms this module understands, for help texts and error messages."""
+    backends = ["openai:<model>", "anthropic:<model>", "vllm:<model>@<url>", "hf:<path-or-id>", "remote:<url>"]
+    return [*backends, *SIZE_ALIASES, "tiny", "<name>-rl"]
+
+
+def resolve_model_spec(spec: str, settings: LLMSettings | None = None) -> Any | None:
+    """A negotiator factory for a model spec, ``None`` if ``spec`` is not a model spec at all.
+
+    Raises :class:`ModelSpecError` for a model spec that cannot be played (and says how to fix it).
+    """
+    settings = settings or LLMSettings.from_env()
+    spec = spec.strip()
+    prefix, colon, rest = spec.partition(":")
+    prefix = prefix.lower()
+    if colon and prefix in ("openai", "anthropic", "vllm", "hf"):
+        if not rest:
+            raise ModelSpecError(f"model spec {spec!r} names no model: write {prefix}:<model>")
+        return _LOADERS[prefix](rest, settings)
+    if colon and prefix == "remote":
+        return _remote(rest)
+    if spec.lower() in SIZE_ALIASES:
+        return _size_alias(spec.lower(), settings)
+    return _registered(spec, settings)
+
+
+def _with_template(spec: str, backend: ChatBackend, settings: LLMSettings) -> LLMFactory:
+    try:
+        template = load_template(settings.template)
+    except TemplateError as e:
+        raise ModelSpecError(str(e)) from None
+    if settings.tools and not backend.supports_tools:
+        raise ModelSpecError(f"{spec}: the {backend.kind} backend answers in text only; drop --tools")
+    return LLMFactory(spec, backend, settings, template)
+
+
+def _openai_module():
+    try:
+        from .backends import openai_backend
+    except ModuleNotFoundError as e:
+        raise ModelSpecError(f"the OpenAI backend needs the 'openai' package ({e.name} is missing); "
+                             f"{LLM_EXTRA_HINT}") from None  # fmt: skip
+    return openai_backend
+
+
+def _openai(model: str, settings: LLMSettings) -> LLMFactory:
+    key = os.environ.get("OPENAI_API_KEY")
+    if not key and not settings.base_url:
+        raise ModelSpecError(
+            f"openai:{model} needs an API key: export OPENAI_API_KEY=... (or point --base-url / OPENAI_BASE_URL "
+            "at an OpenAI-compatible server)"
+        )
+    backend = _openai_module().OpenAIBackend(
+        model, base_url=settings.base_url, api_key=key, **_limits(settings), supports_tools=True
+    )
+    return _with_template(f"openai:{model}", backend, settings)
+
+
+def _anthropic(model: str, settings: LLMSettings) -> LLMFactory:
+    key, base_url = os.environ.get("ANTHROPIC_API_KEY"), os.environ.get("ANTHROPIC_BASE_URL") or None
+    if not key and not base_url:
+        raise ModelSpecError(f"anthropic:{model} needs an API key: export ANTHROPIC_API_KEY=...")
+    try:
+        from .backends.anthropic_backend import AnthropicBackend
+    except ModuleNotFoundError as e:
+        raise ModelSpecError(f"the Anthropic backend needs the 'anthropic' package ({e.name} is missing); "
+                             f"{LLM_EXTRA_HINT}") from None  # fmt: skip
+    backend = AnthropicBackend(model, base_url=base_url, api_key=key, **_limits(settings))
+    return _with_template(f"anthropic:{model}", backend, settings)
+
+
+def _vllm(rest: str, settings: LLMSettings) -> LLMFactory:
+    model, at, url = rest.rpartition("@")
+    if not at or not model:
+        raise ModelSpecError(f"vllm spec 'vllm:{rest}' must look like vllm:<model>@http://host:port")
+    return _vllm_factory(f"vllm:{model}@{url}", model, url, settings)
+
+
+def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings) -> LLMFactory:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ModelSpecError(f"{spec}: the server URL must look like http://host:port, got {url!r}")
+    base = url.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+    backend = _openai_module().OpenAIBackend(
+        model,
+        kind="vllm",
+        base_url=base,
+        api_key=os.environ.get("VLLM_API_KEY"),
+        supports_tools=bool(settings.tools),
+        **_limits(settings),
+    )
+    return _with_template(spec, backend, settings)
+
+
+def _hf(path_or_id: str, settings: LLMSettings, spec: str | None = None) -> LLMFactory:
+    try:
+        from .backends.hf import HFBackend
+    except ModuleNotFoundError as e:
+        raise ModelSpecError(f"hf:{path_or_id} needs {e.name}; {TRAIN_EXTRA_HINT}") from None
+    try:
+        backend = HFBackend.from_spec(path_or_id)
+    except ImportError as e:
+        raise ModelSpecError(f"hf:{path_or_id}: {e}; {TRAIN_EXTRA_HINT}") from None
+    except (RuntimeError, OSError, ValueError) as e:
+        raise ModelSpecError(f"hf:{path_or_id}: {e}") from None
+    return _with_template(spec or f"hf:{path_or_id}", backend, settings)
+
+
+def _remote(url: str):
+    try:
+        from .remote import RemoteFactory
+    except ModuleNotFoundError as e:
+        raise ModelSpecError(f"remote:{url} needs {e.name}; reinstall nego") from None
+    try:
+        return RemoteFactory(url)
+    except ValueError as e:
+        raise ModelSpecError(str(e)) from None
+
+
+def _size_alias(alias: str, settings: LLMSettings) -> LLMFactory:
+    hub_id = SIZE_ALIASES[alias]
+    server = settings.vllm_url or settings.base_url
+    if server:
+        return _vllm_factory(alias, hub_id, server, settings)
+    return _hf(hub_id, settings, spec=alias)
+
+
+def _registered(name: str, settings: LLMSettings):
+    try:
+        from .model_registry import RegistryError, lookup, registry_path
+    except ModuleNotFoundError:
+        lookup = None
+    entry = None
+    if lookup is not None:
+        try:
+            entry = lookup(name)
+        except RegistryError as e:
+            raise ModelSpecError(str(e)) from None
+    if entry is None:
+        if name == "tiny" or name.endswith("-rl"):
+            where = registry_path() if lookup is not None else "~/.nego/models.json"
+            base = name.removesuffix("-rl")
+            how = "`nego train`" if name == "tiny" else f"`nego train --model {base}`"
+            raise ModelSpecError(f"no trained model {name!r} in the local registry ({where}); train one with {how}")
+        return None
+    if entry.format == "compact":
+        try:
+            from .compact import make_factory
+        except ModuleNotFoundError as e:
+            raise ModelSpecError(f"model {name!r} needs {e.name}; {TRAIN_EXTRA_HINT}") from None
+        try:
+            return make_factory(entry)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise ModelSpecError(f"model {name!r} at {entry.path}: {e}") from None
+    server = settings.vllm_url or settings.base_url
+    if server:
+        return _vllm_factory(name, entry.path, server, settings)
+    return _hf(entry.path, settings, spec=name)
+
+
+def _limits(settings: LLMSettings) -> dict[str, Any]:
+    return {"limits": settings.limits, "policy": settings.policy, "prices": settings.prices}
+
+
+_LOADERS = {"openai": _openai, "anthropic": _anthropic, "vllm": _vllm, "hf": _hf}
