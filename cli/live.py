@@ -8,10 +8,11 @@ prints a line per market day and at most one progress line every few seconds.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
 from nego.market.events import DayEnded, DayStarted, EndKind, NegotiationEnded, NegotiationStarted, TurnPlayed
+from nego.market.marketplace import Job
 from nego.market.summary import RunningStats
 from nego.market.types import ActionKind
 from rich.console import Console, Group
@@ -24,18 +25,17 @@ MAX_ROWS = 12
 TICKER = 8
 
 
-@dataclass
+@dataclass(slots=True)
 class _Ongoing:
-    pair: str
-    scenario: str
-    round: int = 0
-    last: str = ""
-    u_seller: float | None = None
-    u_buyer: float | None = None
+    job: Job
+    last: TurnPlayed | None = None
 
 
 class MarketWatch:
-    """Subscribe to an :class:`~nego.market.events.EventBus`; keeps what the live view and the plain progress show."""
+    """Subscribe to an :class:`~nego.market.events.EventBus`; keeps what the live view and the plain progress show.
+
+    Handlers only store references; all text is formatted when a frame is drawn.
+    """
 
     def __init__(self, expected: int) -> None:
         self.expected = max(1, expected)
@@ -44,55 +44,67 @@ class MarketWatch:
         self.errors = 0
         self.day = 0
         self.stats = RunningStats()
-        self.ongoing: OrderedDict[str, _Ongoing] = OrderedDict()
-        self.ticker: deque[str] = deque(maxlen=TICKER)
+        self.ongoing: dict[str, _Ongoing] = {}
+        self.ticker: deque[NegotiationEnded] = deque(maxlen=TICKER)
         self.started = time.perf_counter()
 
     def __call__(self, event: object) -> None:
         if isinstance(event, TurnPlayed):
             row = self.ongoing.get(event.negotiation_id)
             if row is not None:
-                turn = event.turn
-                row.round = turn.round
-                kind = turn.action.kind
-                if not turn.valid:
-                    row.last = f"{turn.role}: invalid"
-                elif kind is ActionKind.OFFER and turn.action.offer is not None:
-                    row.last = f"{turn.role}: {turn.action.offer.describe()}"
-                else:
-                    row.last = f"{turn.role}: {kind.value}"
-                row.u_seller, row.u_buyer = event.standing_seller, event.standing_buyer
+                row.last = event
         elif isinstance(event, NegotiationStarted):
-            job = event.job
-            self.ongoing[job.negotiation_id] = _Ongoing(f"{job.seller} vs {job.buyer}", job.scenario.id)
+            self.ongoing[event.job.negotiation_id] = _Ongoing(event.job)
         elif isinstance(event, NegotiationEnded):
-            self._ended(event)
+            self.ongoing.pop(event.job.negotiation_id, None)
+            self.stats(event)
+            self.done += 1
+            kind = event.kind
+            if kind is EndKind.ERROR:
+                self.errors += 1
+                self.ticker.appendleft(event)
+            elif kind is EndKind.DEAL:
+                self.deals += 1
+                self.ticker.appendleft(event)
         elif isinstance(event, DayStarted):
             self.day = event.day
-
-    def _ended(self, event: NegotiationEnded) -> None:
-        self.ongoing.pop(event.job.negotiation_id, None)
-        self.stats(event)
-        self.done += 1
-        kind = event.kind
-        if kind is EndKind.ERROR:
-            self.errors += 1
-            self.ticker.appendleft(
-                f"[red]error[/] {event.job.seller} vs {event.job.buyer}: {event.result.outcome.error}"
-            )
-        elif kind is EndKind.DEAL:
-            self.deals += 1
-            o = event.result.outcome
-            deal = o.agreement.describe() if o.agreement is not None else ""
-            self.ticker.appendleft(
-                f"[green]deal[/] {event.job.seller} vs {event.job.buyer} on {event.job.scenario.id} "
-                f"(u_s={o.seller_utility:.2f}, u_b={o.buyer_utility:.2f}): {deal}"
-            )
 
     @property
     def rate(self) -> float:
         """Negotiations finished per second since the watch started."""
         return self.done / max(1e-9, time.perf_counter() - self.started)
+
+
+def _ongoing_cells(row: _Ongoing) -> tuple[str, ...]:
+    job, last = row.job, row.last
+    if last is None:
+        return (f"{job.seller} vs {job.buyer}", job.scenario.id, "0", "", "-", "-")
+    turn = last.turn
+    if not turn.valid:
+        move = f"{turn.role}: invalid"
+    elif turn.action.kind is ActionKind.OFFER and turn.action.offer is not None:
+        move = f"{turn.role}: {turn.action.offer.describe()}"
+    else:
+        move = f"{turn.role}: {turn.action.kind.value}"
+    return (
+        f"{job.seller} vs {job.buyer}",
+        job.scenario.id,
+        str(turn.round),
+        move,
+        _fmt(last.standing_seller),
+        _fmt(last.standing_buyer),
+    )
+
+
+def _ticker_line(event: NegotiationEnded) -> str:
+    job, o = event.job, event.result.outcome
+    if event.kind is EndKind.ERROR:
+        return f"[red]error[/] {job.seller} vs {job.buyer}: {o.error}"
+    deal = o.agreement.describe() if o.agreement is not None else ""
+    return (
+        f"[green]deal[/] {job.seller} vs {job.buyer} on {job.scenario.id} "
+        f"(u_s={o.seller_utility:.2f}, u_b={o.buyer_utility:.2f}): {deal}"
+    )
 
 
 def _fmt(u: float | None) -> str:
@@ -141,11 +153,13 @@ class LiveView:
         for col in ("pair", "scenario", "round", "last move", "u_seller", "u_buyer"):
             ongoing.add_column(col, overflow="ellipsis", no_wrap=True)
         for row in list(w.ongoing.values())[:MAX_ROWS]:
-            ongoing.add_row(row.pair, row.scenario, str(row.round), row.last, _fmt(row.u_seller), _fmt(row.u_buyer))
-        ticker = Panel(
-            "\n".join(w.ticker) or "no deal yet", title=f"Recent deals ({w.deals} so far)", height=TICKER + 2
-        )
-        return Group(ongoing, ticker, stats_table(w), self.progress)
+            ongoing.add_row(*_ongoing_cells(row))
+        title = f"Recent deals ({w.deals} so far, {w.errors} errors)"
+        ticker = Table.grid(expand=True)
+        ticker.add_column(overflow="ellipsis", no_wrap=True)
+        for event in list(w.ticker):
+            ticker.add_row(_ticker_line(event))
+        return Group(ongoing, Panel(ticker, title=title, height=TICKER + 2), stats_table(w), self.progress)
 
     def __enter__(self) -> LiveView:
         self.live.__enter__()
