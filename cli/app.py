@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from .scenarios_cmd import app as scenarios_app
+from .serve_cmd import serve_agent
 from .simulate_cmd import simulate
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(simulate)
 app.add_typer(scenarios_app, name="scenarios")
+app.command("serve-agent")(serve_agent)
 
 
 @app.command()
