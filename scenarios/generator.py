@@ -296,14 +296,28 @@ def _with_zopa(u_s: np.ndarray, u_b: np.ndarray, rng: np.random.Generator) -> tu
 
 
 def _without_zopa(u_s: np.ndarray, u_b: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    for _ in range(100):
+    for _ in range(20):
         rv_s = round(float(rng.uniform(0.35, 0.75)), 3)
-        reachable = u_b[u_s >= rv_s]
-        best_b = float(reachable.max()) if reachable.size else 0.0
-        rv_b = math.ceil((best_b + rng.uniform(0.02, 0.12)) * 1000) / 1000
+        rv_b = _buyer_floor_above(u_s, u_b, rv_s, float(rng.uniform(0.02, 0.12)))
         if rv_b <= 1.0:
             return rv_s, rv_b
-    raise RuntimeError("could not place reservation values without a zone of agreement")
+    # Integrative spaces can give both sides nearly everything: put the seller's floor at one of its own
+    # achievable utilities instead, and the buyer's just above the best it can get there.
+    candidates = []
+    for level in np.unique(np.floor(u_s * 1000) / 1000):
+        rv_b = _buyer_floor_above(u_s, u_b, float(level), 0.02)
+        if rv_b <= 1.0:
+            candidates.append((float(level), rv_b))
+    if not candidates:
+        raise ValueError("these preferences let both sides get their best outcome: no scenario without agreement")
+    return candidates[int(rng.integers(len(candidates)))]
+
+
+def _buyer_floor_above(u_s: np.ndarray, u_b: np.ndarray, rv_s: float, margin: float) -> float:
+    """A buyer reservation just above the best the buyer can get among outcomes the seller accepts."""
+    reachable = u_b[u_s >= rv_s]
+    best_b = float(reachable.max()) if reachable.size else 0.0
+    return math.ceil((best_b + margin) * 1000) / 1000
 
 
 def write_brief(role: Role, party: str, other: str, product: str, issues: tuple[Issue, ...], prefs: Preferences) -> str:
