@@ -1,0 +1,254 @@
+"""Evaluation arms: play every seller arm on a suite through the marketplace, then compute metrics and paired
+comparisons.
+
+A run directory holds ``run.json`` (suite, hash, arms, buyers), ``transcripts/`` (the marketplace's resumable
+Parquet transcripts), ``metrics.parquet`` (one row per negotiation) and ``comparisons.parquet``. Rerunning the
+same command resumes: negotiations already in the transcripts are read back, not played again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from nego.market.marketplace import FactorySource, Job, Marketplace
+from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns, results_from_tables
+
+from .best_response import best_response_value
+from .config import EvalConfig
+from .metrics import compute_metrics
+from .stats import bootstrap_interval, paired_comparison, with_holm
+from .suites import Suite, load_suite
+
+logger = logging.getLogger(__name__)
+
+SUITE_GROUP = "suite"
+"""Buyer-group label of the pooled held-out buyers (the suite proper)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedJob:
+    """A marketplace job with what evaluation needs to pair it: the suite key and whether it is a diagnostic."""
+
+    job: Job
+    key: str
+    diagnostic: bool
+
+
+def plan(suite: Suite, sellers: Sequence[str], buyers: Sequence[str], diagnostic: str | None) -> list[PlannedJob]:
+    """Every job of the run: each arm on each suite slot, plus diagnostic negotiations (first seed only)."""
+    if len(buyers) != suite.recipe.buyer_slots:
+        raise ValueError(f"suite {suite.name} has {suite.recipe.buyer_slots} buyer slots; got buyers {list(buyers)}")
+    if len(set(buyers)) != len(buyers):
+        raise ValueError(f"buyer specs must be distinct, got {list(buyers)}")
+    if diagnostic is not None and diagnostic in buyers:
+        raise ValueError(f"the diagnostic buyer {diagnostic!r} is already one of the suite buyers")
+    out = []
+    for seller in sellers:
+        for slot in suite.slots():
+            job = Job(slot.scenario, seller, buyers[slot.buyer_slot], slot.seed, arm=seller, run_id=suite.name)
+            out.append(PlannedJob(job, slot.key, False))
+        if diagnostic is None:
+            continue
+        for slot in suite.slots():
+            if slot.buyer_slot == 0 and slot.seed == suite.recipe.seeds[0]:
+                key = slot.key.rsplit("/", 1)[0] + "/diag"
+                job = Job(slot.scenario, seller, diagnostic, slot.seed, arm=seller, run_id=suite.name)
+                out.append(PlannedJob(job, key, True))
+    return out
+
+
+def _write_manifest(config: EvalConfig, suite: Suite) -> None:
+    path = config.out / "run.json"
+    manifest = {
+        "suite": suite.name,
+        "suite_source": config.suite,
+        "suite_hash": suite.content_hash(),
+        "sellers": list(config.sellers),
+        "buyers": list(config.buyers),
+        "diagnostic": config.diagnostic,
+        "resamples": config.resamples,
+        "seed": config.seed,
+    }
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("suite_hash") != manifest["suite_hash"]:
+            raise ValueError(
+                f"{config.out} holds a run on suite {old.get('suite')} (hash {old.get('suite_hash')}); "
+                f"this run uses {suite.name} (hash {manifest['suite_hash']}): choose another --out"
+            )
+    config.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def read_manifest(directory: Path) -> dict:
+    path = Path(directory) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not an evaluation run directory (no run.json): run `nego eval` first")
+    return json.loads(path.read_text())
+
+
+async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob]) -> int:
+    """Play the jobs missing from the transcripts; returns how many negotiations were played now."""
+    with TranscriptWriter(config.out / "transcripts") as writer:
+        market = Marketplace(factories, concurrency=config.concurrency, writer=writer)
+        await market.run([p.job for p in jobs])
+        return writer.written
+
+
+async def _gaps(
+    negotiations: pl.DataFrame, turns: pl.DataFrame, jobs: dict[str, PlannedJob], factories: FactorySource
+) -> dict[str, float]:
+    results = results_from_tables(negotiations, turns)
+    market = Marketplace(factories)
+    gaps = {}
+    for nid, result in results.items():
+        job = jobs[nid].job
+        factory = market.factory(job.buyer)
+        if getattr(factory, "kind", None) != "rule" or result.outcome.end_reason.value == "error":
+            continue
+        value = await best_response_value(job.scenario, factory, job.seed, result.turns, result.outcome.seller_utility)
+        gaps[nid] = value - result.outcome.seller_utility
+    return gaps
+
+
+def optimality_gaps(directory: Path, negotiations: pl.DataFrame, jobs: dict[str, PlannedJob], factories: FactorySource):
+    """Gaps for every negotiation with a rule-based buyer, cached in ``gaps.parquet`` by negotiation id and attempt
+    (a negotiation's id fixes its scenario, specs and seed, so its gap never changes)."""
+    cache_path = directory / "gaps.parquet"
+    schema = {"negotiation_id": pl.String, "attempt": pl.Int32, "gap": pl.Float64}
+    cache = pl.read_parquet(cache_path) if cache_path.exists() else pl.DataFrame(schema=schema)
+    known = {(n, a): g for n, a, g in cache.iter_rows()}
+    todo = negotiations.filter(
+        ~pl.struct("negotiation_id", "attempt").map_elements(
+            lambda r: (r["negotiation_id"], r["attempt"]) in known, return_dtype=pl.Boolean
+        )
+    )
+    if todo.height:
+        ids = todo["negotiation_id"]
+        turns = read_turns(directory / "transcripts", latest=True).filter(pl.col("negotiation_id").is_in(ids))
+        fresh = asyncio.run(_gaps(todo, turns, jobs, factories))
+        attempts = dict(todo.select("negotiation_id", "attempt").iter_rows())
+        for nid in todo["negotiation_id"]:
+            known[(nid, attempts[nid])] = fresh.get(nid)
+        rows = [(n, a, g) for (n, a), g in known.items()]
+        tmp = cache_path.with_suffix(".tmp")
+        pl.DataFrame(rows, schema=schema, orient="row").write_parquet(tmp)
+        os.replace(tmp, cache_path)
+    return {n: known[(n, a)] for n, a in negotiations.select("negotiation_id", "attempt").iter_rows()}
+
+
+def metrics_table(config: EvalConfig, suite: Suite, jobs: Sequence[PlannedJob], factories: FactorySource):
+    """Metrics of the latest attempt of every planned job, with pairing keys (written to metrics.parquet)."""
+    by_id = {p.job.negotiation_id: p for p in jobs}
+    ids = pl.Series(list(by_id), dtype=pl.String)
+    tdir = config.out / "transcripts"
+    negotiations = read_negotiations(tdir, latest=True).filter(pl.col("negotiation_id").is_in(ids))
+    missing = len(by_id) - negotiations.height
+    if missing:
+        raise RuntimeError(f"{missing} planned negotiation(s) have no transcript in {tdir}: rerun to finish them")
+    gaps = optimality_gaps(config.out, negotiations, by_id, factories) if config.optimality_gap else {}
+    metrics = compute_metrics(negotiations, suite.variants(), gaps)
+    extra = pl.DataFrame(
+        {
+            "negotiation_id": list(by_id),
+            "key": [p.key for p in by_id.values()],
+            "diagnostic": [p.diagnostic for p in by_id.values()],
+        }
+    )
+    metrics = metrics.join(extra, on="negotiation_id", how="left").sort("diagnostic", "arm", "key")
+    metrics.write_parquet(config.out / "metrics.parquet")
+    return metrics
+
+
+def _groups(metrics: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    suite_rows = metrics.filter(~pl.col("diagnostic"))
+    groups = [(SUITE_GROUP, suite_rows)]
+    for buyer in metrics["buyer"].unique(maintain_order=True):
+        groups.append((buyer, metrics.filter(pl.col("buyer") == buyer)))
+    return groups
+
+
+def compare(metrics: pl.DataFrame, arms: Sequence[str], *, resamples: int, seed: int) -> pl.DataFrame:
+    """Per buyer group (the pooled suite, then each buyer): each arm's score interval and deal rate, and each later
+    arm's paired gain over the first with its interval, sign-flip p-value and Holm-adjusted p (across arms within
+    the group). Negotiations that ended in an error are left out of every pair and counted."""
+    rows = []
+    for group, frame in _groups(metrics):
+        ok = frame.filter(~pl.col("error"))
+        base = ok.filter(pl.col("arm") == arms[0]).select("key", "scenario_id", pl.col("score").alias("base"))
+        comparisons, arm_rows = [], []
+        for arm in arms:
+            mine = ok.filter(pl.col("arm") == arm)
+            if mine.is_empty():
+                continue
+            ci = bootstrap_interval(mine["score"], mine["scenario_id"], resamples=resamples, seed=seed)
+            row = {
+                "group": group,
+                "arm": arm,
+                "n": ci.n,
+                "clusters": ci.clusters,
+                "errors": frame.filter(pl.col("arm") == arm)["error"].sum(),
+                "score": ci.mean,
+                "score_low": ci.low,
+                "score_high": ci.high,
+                "deal_rate": mine["deal"].mean(),
+            }
+            if arm != arms[0]:
+                pairs = base.join(mine.select("key", "score"), on="key", how="inner")
+                comparisons.append(
+                    paired_comparison(
+                        pairs["base"], pairs["score"], pairs["scenario_id"], resamples=resamples, seed=seed
+                    )
+                )
+            arm_rows.append(row)
+        adjusted = iter(with_holm(comparisons))
+        for row in arm_rows:
+            c = None if row["arm"] == arms[0] else next(adjusted)
+            row.update(
+                gain=None if c is None else c.gain.mean,
+                gain_low=None if c is None else c.gain.low,
+                gain_high=None if c is None else c.gain.high,
+                pairs=None if c is None else c.gain.n,
+                p_value=None if c is None else c.p_value,
+                p_holm=None if c is None else c.p_holm,
+            )
+            rows.append(row)
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """What an evaluation produced: the suite, per-negotiation metrics and the comparison table."""
+
+    suite: Suite
+    metrics: pl.DataFrame
+    comparisons: pl.DataFrame
+    played: int
+
+
+def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> EvalResult:
+    """Run (or resume) an evaluation and write its metrics and comparisons into ``config.out``."""
+    if factories is None:
+        from nego.agents.registry import resolve
+
+        factories = resolve
+    suite = load_suite(config.suite)
+    jobs = plan(suite, config.sellers, config.buyers, config.diagnostic)
+    _write_manifest(config, suite)
+    played = asyncio.run(play(config, factories, jobs))
+    metrics = metrics_table(config, suite, jobs, factories)
+    comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
+    comparisons.write_parquet(config.out / "comparisons.parquet")
+    errors = int(metrics["error"].sum())
+    if errors:
+        logger.warning(
+            "%d negotiation(s) ended in an error and are left out of the comparisons; rerun to retry", errors
+        )
+    return EvalResult(suite, metrics, comparisons, played)

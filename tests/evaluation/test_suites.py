@@ -1,0 +1,92 @@
+"""Frozen suites: shape, hash stability, tamper detection, and no overlap with the training stream."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+
+import pytest
+from nego.evaluation import suites
+from nego.evaluation.suites import (
+    RECIPES,
+    generate_suite,
+    load_suite,
+    problem_fingerprint,
+    suite_from_dict,
+    training_stream,
+)
+from nego.scenarios.analysis import analyse
+from nego.scenarios.generator import generate_scenario
+
+
+def test_eval_1152_has_the_promised_shape():
+    suite = load_suite("eval-1152")
+    assert len(suite.scenarios) == 96
+    assert len(suite.slots()) == 1152
+    assert len({s.category for s in suite.scenarios}) >= 12
+    assert len({s.opener for s in suite.variants().values()}) == 2
+    assert len({x.key for x in suite.slots()}) == 1152
+    opposition = sorted(analyse(s).opposition for s in suite.scenarios)
+    assert opposition[12] < 0.5 < opposition[-12]  # spread over the opposition range, not clumped
+    assert all(s.zopa for s in suite.scenarios)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_regenerating_a_suite_from_its_seed_gives_the_stored_hash(name):
+    stored = load_suite(name)
+    regenerated = generate_suite(RECIPES[name]).content_hash()
+    assert regenerated == stored.content_hash(), (
+        "the scenario generator no longer reproduces the frozen suite: revert the generator change, or freeze a "
+        "new suite version on purpose with nego.evaluation.suites.write_suite"
+    )
+
+
+def test_eval_dev_is_smaller_and_disjoint_from_eval_1152():
+    dev, full = load_suite("eval-dev"), load_suite("eval-1152")
+    assert len(dev.slots()) < len(full.slots())
+    assert dev.recipe.seed != full.recipe.seed
+    assert not {problem_fingerprint(s) for s in dev.scenarios} & {problem_fingerprint(s) for s in full.scenarios}
+
+
+def test_an_edited_suite_file_is_refused(tmp_path):
+    data = json.loads(suites.data_path("eval-dev").read_text())
+    data["scenarios"][0]["seller"]["reservation"] = 0.123
+    with pytest.raises(ValueError, match="does not match the content"):
+        suite_from_dict(data, "edited.json")
+    del data["recipe"]
+    with pytest.raises(ValueError, match="not a valid suite file"):
+        suite_from_dict(data, "broken.json")
+
+
+def test_the_hash_changes_with_the_negotiation_list():
+    dev = load_suite("eval-dev")
+    fewer = suites.Suite(suites.SuiteRecipe("eval-dev", dev.recipe.seed, 24, seeds=(1,)), dev.scenarios)
+    assert fewer.content_hash() != dev.content_hash()
+
+
+def test_training_stream_never_yields_an_evaluation_scenario():
+    eval_hashes = {v for name in RECIPES for v in load_suite(name).variants()}
+    eval_problems = suites.evaluation_fingerprints()
+    for seed in (0, 1, 12345):
+        for s in itertools.islice(training_stream(seed), 200):
+            assert s.content_hash() not in eval_hashes
+            assert problem_fingerprint(s) not in eval_problems
+
+
+def test_training_stream_refuses_evaluation_seeds():
+    with pytest.raises(ValueError, match="reserved for evaluation"):
+        next(training_stream(RECIPES["eval-1152"].seed))
+
+
+def test_training_stream_drops_a_scenario_equal_to_an_evaluation_one(monkeypatch, caplog):
+    planted = load_suite("eval-dev").scenarios[0]
+
+    def generator(seed, *, index, max_rounds):
+        return planted if index == 1 else generate_scenario(seed, index=index, max_rounds=max_rounds)
+
+    monkeypatch.setattr(suites, "generate_scenario", generator)
+    with caplog.at_level(logging.WARNING):
+        got = list(itertools.islice(training_stream(7), 3))
+    assert planted not in got and [s.id for s in got][1].endswith("-2")
+    assert "an evaluation problem" in caplog.text
