@@ -102,3 +102,16 @@ async def test_specs_play_in_the_marketplace(monkeypatch):
         await market.factory("openai:fake-model").aclose()
     assert all(r.outcome.end_reason is not EndReason.ERROR for r in results)
     assert results[0].usage_seller.calls >= 1 and len(srv.requests) == sum(r.usage_seller.calls for r in results)
+
+
+def test_resolving_specs_imports_no_sdk_until_one_is_needed():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from nego.agents.model_specs import resolve_model_spec; import nego.agents.llm; "
+        "assert resolve_model_spec('boulware') is None and resolve_model_spec('remote:http://h:1') is not None; "
+        "heavy = [m for m in ('openai', 'anthropic', 'torch', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
