@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .stats import DEFAULT_RESAMPLES
 from .suites import DEFAULT_BUYERS, DIAGNOSTIC_BUYER
@@ -53,8 +54,8 @@ class SweepConfig:
     suite: str = "eval-dev"
     buyers: tuple[str, ...] = DEFAULT_BUYERS
     diagnostic: str | None = DIAGNOSTIC_BUYER
-    train_args: dict[str, str] = field(default_factory=dict)
-    """Extra ``nego train`` options, e.g. {"steps": "20"} becomes ``--steps 20``."""
+    train_args: dict[str, Any] = field(default_factory=dict)
+    """Extra training settings (fields of ``nego.training.config.TrainConfig``), e.g. {"steps": 20}."""
     concurrency: int = 64
     resamples: int = DEFAULT_RESAMPLES
 
@@ -104,7 +105,7 @@ def load_sweep_config(path: Path) -> SweepConfig:
             suite=str(table.get("suite", "eval-dev")),
             buyers=tuple(str(b) for b in table.get("buyers", DEFAULT_BUYERS)),
             diagnostic=table.get("diagnostic", DIAGNOSTIC_BUYER) or None,
-            train_args={str(k): str(v) for k, v in table.get("train", {}).items()},
+            train_args=dict(table.get("train", {})),
             concurrency=int(table.get("concurrency", 64)),
             resamples=int(table.get("resamples", 10_000)),
         )
