@@ -192,10 +192,14 @@ def resolve(spec: str) -> NegotiatorFactory:
 
 def known_specs() -> list[str]:
     """Spec forms a user can write, rule-based first, then those of the model backends when installed."""
-    rules = ["boulware", "linear", "conceder", "timedep:e=<e>", "tft", "hardliner", "random", "walker", "picky"]
     module = _model_specs_module()
     more = getattr(module, "known_model_specs", None) if module is not None else None
-    return rules + (list(more()) if more is not None else [])
+    return rule_specs() + (list(more()) if more is not None else [])
+
+
+def rule_specs() -> list[str]:
+    """Spec forms of the rule-based families (``<e>`` stands for a number)."""
+    return ["boulware", "linear", "conceder", "timedep:e=<e>", "tft", "hardliner", "random", "walker", "picky"]
 
 
 def rule_spec_help() -> dict[str, str]:

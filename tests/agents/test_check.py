@@ -6,14 +6,18 @@ import random
 
 import pytest
 from nego.agents.check import ConformanceError, check_negotiator
-from nego.agents.registry import known_specs, resolve
+from nego.agents.registry import known_specs, resolve, rule_specs
 from nego.market.types import Action, Observation
 from nego.scenarios.scenario import Role
 
 from ..conftest import make_widget_scenario
 from .test_rules import random_scenario
 
-BUILT_IN = [s.replace("<e>", "0.5") for s in known_specs() if resolve(s.replace("<e>", "0.5")).kind == "rule"]
+BUILT_IN = [s.replace("<e>", "0.5") for s in rule_specs()]
+
+
+def test_rule_specs_lead_the_known_specs():
+    assert known_specs()[: len(rule_specs())] == rule_specs()
 
 
 @pytest.mark.parametrize("spec", BUILT_IN)
