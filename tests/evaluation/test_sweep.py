@@ -1,0 +1,87 @@
+"""The sweep: every cell trained once, evaluated on the same suite, and tabulated; reruns skip finished work."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+import pytest
+from nego.evaluation.config import SweepConfig, load_sweep_config
+from nego.evaluation.sweep import Cell, TrainedArms, run_sweep
+
+LRS = (1e-5, 1e-4, 3e-4)
+
+
+class RuleTraining:
+    """Stands in for training in the orchestration test: each learning rate "trains" a different rule seller."""
+
+    def __init__(self) -> None:
+        self.calls: list[Cell] = []
+
+    def __call__(self, cell: Cell, directory, settings) -> TrainedArms:
+        self.calls.append(cell)
+        e = {1e-5: 0.2, 1e-4: 1.0, 3e-4: 2.0}[cell.lr]
+        return TrainedArms("boulware", f"timedep:e={e}")
+
+
+def test_sweep_trains_each_cell_once_and_tabulates_gains(tmp_path, tiny_suite_path):
+    cfg = SweepConfig(out=tmp_path, sizes=("tiny",), learning_rates=LRS, suite=str(tiny_suite_path), resamples=1_000)
+    train = RuleTraining()
+    study = run_sweep(cfg, train_fn=train, echo=lambda _: None)
+    assert len(train.calls) == 3
+    assert study.filter(pl.col("group") == "suite").height == 3
+    assert set(study["group"]) == {"suite", "walker", "picky", "hardliner"}
+    lowest = study.filter((pl.col("group") == "suite") & (pl.col("lr") == 1e-5)).row(0, named=True)
+    assert lowest["gain"] == 0.0  # the "trained" arm equals its base there
+    for name in ("study.md", "gain_vs_size.png", "study.parquet"):
+        assert (tmp_path / name).stat().st_size > 500
+    again = run_sweep(cfg, train_fn=train, echo=lambda _: None)
+    assert len(train.calls) == 3  # finished cells are not trained again
+    assert again.select("lr", "group", "gain").equals(study.select("lr", "group", "gain"))
+
+
+def test_sweep_config_from_toml(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        '[sweep]\nsizes = ["tiny"]\nlearning_rates = [1e-4]\nsuite = "eval-dev"\n[sweep.train]\nsteps = 3\n'
+    )
+    cfg = load_sweep_config(path)
+    assert cfg.out == tmp_path / "sweep" and cfg.train_args == {"steps": 3} and cfg.learning_rates == (1e-4,)
+    path.write_text("[sweep]\nsize = ['tiny']\n")
+    with pytest.raises(ValueError, match="unknown key"):
+        load_sweep_config(path)
+
+
+@pytest.mark.slow
+def test_sweep_with_real_tiny_training(tmp_path, tiny_suite_path, monkeypatch):
+    pytest.importorskip("trl")
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    settings = {
+        "steps": 2,
+        "group_size": 2,
+        "scenarios_per_step": 2,
+        "train_scenarios": 8,
+        "dev_scenarios": 2,
+        "eval_every": 0,
+        "save_every": 0,
+        "sft_episodes": 40,
+        "sft_steps": 3,
+        "sft_batch": 8,
+        "max_rounds": 4,
+        "threads": 1,
+    }
+    cfg = SweepConfig(
+        out=tmp_path / "sweep",
+        sizes=("tiny",),
+        learning_rates=LRS,
+        suite=str(tiny_suite_path),
+        diagnostic=None,
+        train_args=settings,
+        resamples=1_000,
+    )
+    study = run_sweep(cfg, echo=lambda _: None)
+    suite_rows = study.filter(pl.col("group") == "suite")
+    assert suite_rows["lr"].to_list() == list(LRS)
+    assert all(t.endswith("-rl") for t in suite_rows["trained"])
+    assert (tmp_path / "sweep" / "gain_vs_size.png").stat().st_size > 500
+    assert os.path.isdir(tmp_path / "sweep" / "cells" / Cell("tiny", 1e-4, 0).name / "train")
