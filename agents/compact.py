@@ -1,0 +1,329 @@
+"""The compact word-level protocol and the negotiator that plays it with a tiny in-process language model.
+
+A tiny model cannot read prose, so a negotiation is rendered as a short sequence of words that any generated
+scenario fits into, built only from the acting side's own observation:
+
+- header: ``<s> w7 w5 w8 r6`` -- one own-weight bucket per issue in issue order (``w0..w20``, steps of 0.05)
+  and the own reservation bucket (``r0..r20``);
+- before each own turn: the other side's new offer as own-value levels, ``opp L3 L9 L0``, then the rounds left,
+  ``T4`` (``invalid T4`` when the last attempt was rejected);
+- an own turn: ``offer L10 L7 L2 <eot>``, ``accept <eot>`` or ``walk <eot>``;
+- the end (rendered by whoever records the episode): ``opp-accept``, ``opp-walk`` or ``deadline``, then ``</s>``.
+
+A level ``k`` of an issue means "own value about k/10" and is played as the grid value of that issue whose own
+value is nearest to k/10, so direction and categorical tables never need their own words. The model is shared
+by all negotiators of a factory and its forward passes are batched across concurrent negotiations.
+torch and transformers are imported only when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nego.market.types import Action, ActionKind, Observation, Offer, Outcome
+from nego.scenarios.issues import Value
+from nego.scenarios.scenario import Role, ScenarioView
+
+if TYPE_CHECKING:
+    from nego.agents.model_registry import ModelEntry
+
+LEVELS = 10
+BUCKETS = 20
+MAX_ROUNDS_TOKEN = 30
+PAD, BOS, EOS, EOT, UNK = "<pad>", "<s>", "</s>", "<eot>", "<unk>"
+OFFER, ACCEPT, WALK = "offer", "accept", "walk"
+OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID = "opp", "opp-accept", "opp-walk", "deadline", "invalid"
+
+
+def vocabulary() -> list[str]:
+    """Every word of the protocol, in id order (fixed: a model and its tokenizer agree on it forever)."""
+    words = [PAD, BOS, EOS, EOT, UNK, OFFER, ACCEPT, WALK, OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID]
+    words += [f"L{k}" for k in range(LEVELS + 1)]
+    words += [f"w{k}" for k in range(BUCKETS + 1)]
+    words += [f"r{k}" for k in range(BUCKETS + 1)]
+    words += [f"T{k}" for k in range(1, MAX_ROUNDS_TOKEN + 1)]
+    return words
+
+
+def _bucket(x: float, n: int) -> int:
+    return min(n, max(0, round(x * n)))
+
+
+def header_words(view: ScenarioView) -> list[str]:
+    """The episode's opening words: own weights per issue, own reservation."""
+    prefs = view.preferences
+    return [
+        BOS,
+        *(f"w{_bucket(prefs.weights[i.name], BUCKETS)}" for i in view.issues),
+        f"r{_bucket(prefs.reservation, BUCKETS)}",
+    ]
+
+
+def offer_levels(view: ScenarioView, offer: Offer) -> list[int]:
+    """An offer as own-value levels per issue, from this side's own value functions only."""
+    prefs = view.preferences
+    return [_bucket(prefs.values[i.name](i, offer[i.name]), LEVELS) for i in view.issues]
+
+
+def level_offer(view: ScenarioView, levels: Sequence[int]) -> Offer:
+    """Each level played as the issue's grid value whose own value is nearest ``level/10`` (first on ties)."""
+    values: dict[str, Value] = {}
+    for issue, level in zip(view.issues, levels, strict=True):
+        vf = view.preferences.values[issue.name]
+        values[issue.name] = min(issue.grid(), key=lambda v, vf=vf, issue=issue: abs(vf(issue, v) - level / LEVELS))
+    return Offer(values)
+
+
+def rounds_word(obs: Observation) -> str:
+    return f"T{min(MAX_ROUNDS_TOKEN, max(1, obs.rounds_left))}"
+
+
+def action_words(view: ScenarioView, action: Action) -> list[str]:
+    """An own action in protocol words (used to record rule-based sellers for behaviour cloning)."""
+    if action.kind is ActionKind.OFFER and action.offer is not None:
+        return [OFFER, *(f"L{k}" for k in offer_levels(view, action.offer)), EOT]
+    if action.kind is ActionKind.ACCEPT:
+        return [ACCEPT, EOT]
+    if action.kind is ActionKind.WALK_AWAY:
+        return [WALK, EOT]
+    raise ValueError(f"cannot render a {action.kind} action in the compact protocol")
+
+
+def parse_action(view: ScenarioView, words: Sequence[str]) -> Action:
+    """Generated words of one turn (``<eot>`` included) -> an Action; anything malformed -> an INVALID action."""
+    raw = " ".join(words)
+    if not words or words[-1] != EOT:
+        return Action.invalid(raw, "the turn did not end with <eot>")
+    body = list(words[:-1])
+    if body == [ACCEPT]:
+        return Action(ActionKind.ACCEPT, raw=raw)
+    if body == [WALK]:
+        return Action(ActionKind.WALK_AWAY, raw=raw)
+    n = len(view.issues)
+    if len(body) == n + 1 and body[0] == OFFER and all(w[:1] == "L" and w[1:].isdigit() for w in body[1:]):
+        levels = [int(w[1:]) for w in body[1:]]
+        if all(0 <= k <= LEVELS for k in levels):
+            offer = level_offer(view, levels)
+            return Action(ActionKind.OFFER, offer, raw=raw)
+    return Action.invalid(raw, f"expected 'offer' and {n} levels, 'accept' or 'walk', then <eot>; got {raw!r}")
+
+
+def end_words(outcome: Outcome, role: Role) -> list[str]:
+    """The closing words after this side's last turn: how the other side (or the clock) ended it, then EOS."""
+    if outcome.ended_by is role.other and outcome.agreed:
+        return [OPP_ACCEPT, EOS]
+    if outcome.ended_by is role.other:
+        return [OPP_WALK, EOS]
+    if outcome.ended_by is None:
+        return [DEADLINE, EOS]
+    return [EOS]
+
+
+@dataclass(slots=True)
+class CompactTrace:
+    """One side's episode as token words: ``prompt`` (the header) and the rest with a 1/0 own-token mask."""
+
+    role: Role
+    prompt: list[str] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    seen_moves: int = 0
+
+    def observe(self, obs: Observation) -> None:
+        """Append the environment words this observation adds (masked out of any loss)."""
+        if not self.prompt:
+            self.prompt = header_words(obs.scenario)
+        env: list[str] = []
+        for move in obs.history[self.seen_moves :]:
+            if move.role is not self.role and move.kind is ActionKind.OFFER and move.offer is not None:
+                env += [OPP, *(f"L{k}" for k in offer_levels(obs.scenario, move.offer))]
+        self.seen_moves = len(obs.history)
+        if obs.feedback is not None:
+            env.append(INVALID)
+        env.append(rounds_word(obs))
+        self.add(env, own=False)
+
+    def add(self, words: Sequence[str], own: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.words += words
+        self.mask += [int(own)] * len(words)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(words)
+
+    def finish(self, outcome: Outcome) -> None:
+        self.add(end_words(outcome, self.role), own=False)
+
+
+class CompactPolicy:
+    """A compact-protocol model shared by many negotiators; concurrent requests become one batched forward pass."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_context: int | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        self.ids = {w: vocab[w] for w in vocabulary()}
+        self.words = {i: w for w, i in self.ids.items()}
+        self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1024))
+        self._pending: list[_Request] = []
+        self._flush: asyncio.Task | None = None
+        self.forward_calls = 0
+
+    @classmethod
+    def load(cls, path: str) -> CompactPolicy:
+        """Load a saved model and tokenizer through the normal transformers path."""
+        try:
+            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+        except ImportError as e:
+            raise ImportError("compact models need the training extra: pip install 'nego[train]'") from e
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        model.eval()
+        return cls(model, tokenizer)
+
+    async def generate(
+        self, words: Sequence[str], max_new: int, temperature: float | None, generator: Any = None
+    ) -> tuple[list[str], list[float]]:
+        """Continue ``words`` until ``<eot>`` or ``max_new`` words; greedy when ``temperature`` is None."""
+        ids = [self.ids.get(w, self.ids[UNK]) for w in words]
+        if len(ids) + max_new > self.max_context:
+            raise RuntimeError(f"episode context of {len(ids) + max_new} tokens exceeds the model's {self.max_context}")
+        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future())
+        self._pending.append(req)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._run_batch())
+        out_ids, logps = await req.future
+        return [self.words[i] for i in out_ids], logps
+
+    async def _run_batch(self) -> None:
+        # Let every negotiation that is about to ask do so, then answer them all with one batch.
+        seen = -1
+        while seen != len(self._pending):
+            seen = len(self._pending)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        batch, self._pending = self._pending, []
+        try:
+            results = self.generate_batch(batch)
+        except Exception as e:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(e)
+            return
+        for r, res in zip(batch, results, strict=True):
+            if not r.future.done():
+                r.future.set_result(res)
+
+    def generate_batch(self, batch: Sequence[_Request]) -> list[tuple[list[int], list[float]]]:
+        self.forward_calls += 1
+        return generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT])
+
+
+def generate_turns(
+    model: Any, batch: Sequence[_Request], pad_id: int, stop_id: int
+) -> list[tuple[list[int], list[float]]]:
+    """One batched, KV-cached decoding loop over left-padded contexts; each row stops at ``stop_id``.
+
+    Rows sample with their own generator (so a negotiation's draws do not depend on its batch mates) and
+    report the log-probability of each chosen token under ``softmax(logits / temperature)``, the quantity the
+    GRPO trainer recomputes; greedy rows report it at temperature 1.
+    """
+    import torch
+
+    n, width = len(batch), max(len(r.ids) for r in batch)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    att = torch.zeros((n, width), dtype=torch.long)
+    for row, r in enumerate(batch):
+        ids[row, width - len(r.ids) :] = torch.tensor(r.ids)
+        att[row, width - len(r.ids) :] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    out_ids: list[list[int]] = [[] for _ in batch]
+    out_lp: list[list[float]] = [[] for _ in batch]
+    done = [False] * n
+    steps = max(r.max_new for r in batch)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        res = model(
+            input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device), use_cache=True
+        )
+        for step in range(steps):
+            logits = res.logits[:, -1, :].float().cpu()
+            nxt = torch.full((n,), pad_id, dtype=torch.long)
+            for row, r in enumerate(batch):
+                if done[row]:
+                    continue
+                t = r.temperature if r.temperature is not None else 1.0
+                logp = torch.log_softmax(logits[row] / t, -1)
+                if r.temperature is None:
+                    tok = int(logp.argmax())
+                else:
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
+                out_ids[row].append(tok)
+                out_lp[row].append(float(logp[tok]))
+                nxt[row] = tok
+                done[row] = tok == stop_id or len(out_ids[row]) >= r.max_new
+            if all(done) or step == steps - 1:
+                break
+            att = torch.cat([att, torch.ones((n, 1), dtype=torch.long)], 1)
+            pos = pos[:, -1:] + 1
+            res = model(
+                input_ids=nxt[:, None].to(device),
+                attention_mask=att.to(device),
+                position_ids=pos.to(device),
+                cache=res.cache,
+                use_cache=True,
+            )
+    return list(zip(out_ids, out_lp, strict=True))
+
+
+@dataclass(slots=True)
+class _Request:
+    ids: list[int]
+    max_new: int
+    temperature: float | None
+    generator: Any
+    future: asyncio.Future
+
+
+class CompactNegotiator:
+    """Plays the compact protocol through the normal market protocol, recording its episode as a trace."""
+
+    def __init__(self, policy: CompactPolicy, role: Role, seed: int, temperature: float | None = None) -> None:
+        self.policy = policy
+        self.trace = CompactTrace(Role(role))
+        self.temperature = temperature
+        self.generator = None
+        if temperature is not None:
+            import torch
+
+            self.generator = torch.Generator().manual_seed(int(seed))
+
+    async def act(self, obs: Observation) -> Action:
+        self.trace.observe(obs)
+        max_new = len(obs.scenario.issues) + 2
+        words, logps = await self.policy.generate(
+            self.trace.prompt + self.trace.words, max_new, self.temperature, self.generator
+        )
+        self.trace.add(words, own=True, logprobs=logps)
+        return parse_action(obs.scenario, words)
+
+
+@dataclass
+class CompactFactory:
+    """Builds negotiators that share one loaded compact model (``spec`` is the registered name)."""
+
+    spec: str
+    policy: CompactPolicy
+    temperature: float | None = None
+    kind: str = "compact"
+
+    def __call__(self, role: Role | str, seed: int) -> CompactNegotiator:
+        return CompactNegotiator(self.policy, Role(role), seed, self.temperature)
+
+
+def make_factory(entry: ModelEntry, temperature: float | None = None) -> CompactFactory:
+    """A factory for a registered compact model: greedy (``temperature=None``) unless told otherwise."""
+    if entry.format != "compact":
+        raise ValueError(f"model {entry.name!r} has format {entry.format!r}; make_factory plays 'compact' models only")
+    return CompactFactory(entry.name, CompactPolicy.load(entry.path), temperature)

@@ -1,0 +1,81 @@
+"""`nego train`: the options are generated from TrainConfig, so the help text is written once."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
+
+
+def _annotation(default: Any) -> Any:
+    if isinstance(default, list):
+        return Optional[str]  # noqa: UP045 - typer reads the annotation at runtime
+    return Optional[type(default)]  # noqa: UP045
+
+
+def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:
+    """TOML file (if any) first, then the options given on the command line; ``--resume`` restores the run's own."""
+    given = {k: v for k, v in options.items() if v is not None}
+    for f in fields(TrainConfig):
+        if f.name in given and f.default is MISSING:  # the list-valued fields: comma-separated on the command line
+            given[f.name] = [s.strip() for s in given[f.name].split(",") if s.strip()]
+    if given.get("resume"):
+        from nego.training.checkpoints import load_run_config
+
+        base = load_run_config(Path(given["resume"]))
+        return from_mapping(given, "command line", base)
+    base = load_toml(config) if config is not None else TrainConfig()
+    return from_mapping(given, "command line", base)
+
+
+def train(**kwargs: Any) -> None:
+    """Warm-start and GRPO-train a seller; with no options, the tiny model on CPU in minutes."""
+    config = kwargs.pop("config", None)
+    from nego.training.grpo import train as run
+
+    try:
+        cfg = build_config(config, kwargs)
+        result = run(cfg, echo=typer.echo)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"done in {result.seconds / 60:.1f} min: {result.base_name} and {result.rl_name} registered "
+        f"({result.steps} GRPO steps{', stopped by the time budget' if result.stopped_early else ''}); "
+        f"run directory {result.run_dir}"
+    )
+
+
+def _signature() -> inspect.Signature:
+    params = [
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--config", help="TOML file of training options (see nego/training/*.toml)"),
+            annotation=Optional[Path],  # noqa: UP045
+        )
+    ]
+    for f in fields(TrainConfig):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        help_text = f.metadata["help"] + (f" (default: {','.join(default)})" if isinstance(default, list) else "")
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(
+                    None,
+                    "--" + f.name.replace("_", "-"),
+                    help=help_text,
+                    show_default=not isinstance(default, list) and str(default),
+                ),
+                annotation=_annotation(default),
+            )
+        )
+    return inspect.Signature(params)
+
+
+train.__signature__ = _signature()  # type: ignore[attr-defined]

@@ -1,0 +1,33 @@
+"""The compact protocol: any generated scenario is expressible, words and actions round-trip, bad output is invalid."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nego.agents.compact import EOT, action_words, header_words, level_offer, offer_levels, parse_action, vocabulary
+from nego.market.types import Action, ActionKind
+from nego.scenarios.generator import generate_scenario
+from nego.scenarios.scenario import Role
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), data=st.data())
+def test_any_generated_offer_round_trips_through_levels(seed, data):
+    view = generate_scenario(seed).view_for(Role.SELLER)
+    offer = {i.name: data.draw(st.sampled_from(i.grid())) for i in view.issues}
+    words = action_words(view, Action.make_offer(offer))
+    assert set(words) <= set(vocabulary()) and words[-1] == EOT
+    assert len(header_words(view)) == len(view.issues) + 2
+    played = parse_action(view, words)
+    assert played.kind is ActionKind.OFFER
+    assert action_words(view, played) == words  # the played offer has the same own-value levels
+    assert offer_levels(view, level_offer(view, [10] * len(view.issues))) == [10] * len(view.issues)
+
+
+def test_malformed_turns_are_invalid_never_repaired(widget_scenario):
+    view = widget_scenario.view_for(Role.SELLER)
+    for words in (["offer", "L3", EOT], ["offer", "L3", "L4", "L5"], ["accept", "accept", EOT], ["L11", EOT], []):
+        a = parse_action(view, words)
+        assert a.kind is ActionKind.INVALID and a.error
+    assert parse_action(view, ["accept", EOT]).kind is ActionKind.ACCEPT
+    assert parse_action(view, ["walk", EOT]).kind is ActionKind.WALK_AWAY

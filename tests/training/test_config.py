@@ -1,0 +1,50 @@
+"""TrainConfig: impossible values and unknown fields fail before anything loads; the CLI reports them."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from nego.cli.train_cmd import build_config, train
+from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
+from typer.testing import CliRunner
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"group_size": 1}, "group_size must be >= 2"),
+        ({"lr": -1e-4}, "lr must be a non-negative"),
+        ({"model": "gpt-2"}, "not one of tiny"),
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"no_deal_reward": "2"}, "no_deal_reward"),
+        ({"train_buyers": ["timedep:e=0.5..x"]}, "train_buyers"),
+        ({"bogus": 1}, "unknown field"),
+        ({"steps": "ten"}, "steps must be int"),
+    ],
+)
+def test_bad_values_are_rejected(override, message):
+    with pytest.raises(ConfigError, match=message):
+        from_mapping(override)
+
+
+def test_defaults_toml_and_cli_fill_the_same_dataclass(tmp_path):
+    cfg = TrainConfig().validate()
+    assert cfg.learning_rate == 1e-4 and cfg.run_name == "tiny"
+    assert from_mapping({"model": "4.5b"}).learning_rate == 1e-6
+    path = tmp_path / "t.toml"
+    path.write_text('[train]\ngroup_size = 4\nlr = 3e-5\ntrain_buyers = ["tft", "timedep:e=1..2"]\n')
+    assert load_toml(path).group_size == 4
+    cfg = build_config(path, {"steps": 7, "train_buyers": "tft,boulware"})
+    assert (cfg.steps, cfg.lr, cfg.train_buyers) == (7, 3e-5, ["tft", "boulware"])
+    path.write_text("group_sise = 4\n")
+    with pytest.raises(ConfigError, match="group_sise"):
+        load_toml(path)
+
+
+def test_cli_errors_are_clear_and_early():
+    app = typer.Typer()
+    app.command()(train)
+    r = CliRunner().invoke(app, ["--group-size", "1"])
+    assert r.exit_code == 2 and "group_size must be >= 2" in r.output
+    r = CliRunner().invoke(app, ["--model", "4.5b", "--lr", "3e-6"])
+    assert r.exit_code == 2 and "only the tiny compact model" in r.output

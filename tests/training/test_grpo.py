@@ -1,0 +1,141 @@
+"""A tiny model trained for a few GRPO steps through the real market hook (slow-ish: one shared run)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+import pytest
+from nego.agents.compact import OPP, CompactPolicy, make_factory, offer_levels
+from nego.agents.model_registry import lookup
+from nego.agents.registry import resolve
+from nego.market.protocol import run_negotiation
+from nego.market.types import ActionKind
+from nego.scenarios.scenario import Role
+from nego.training import grpo
+from nego.training.config import TrainConfig
+from nego.training.rewards import outcome_reward
+from nego.training.rollout import MarketRollout, play, split_scenarios, to_hook_dict
+
+pytestmark = pytest.mark.slow
+HOOKS: list[dict] = []
+
+
+class RecordingRollout(MarketRollout):
+    def __call__(self, prompts, trainer):
+        out = super().__call__(prompts, trainer)
+        HOOKS.append(out)
+        return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NEGO_HOME", str(home))
+    mp.setattr(grpo, "MarketRollout", RecordingRollout)
+    cfg = TrainConfig(
+        output_dir=str(home / "run"),
+        train_scenarios=8,
+        dev_scenarios=2,
+        sft_episodes=64,
+        sft_steps=40,
+        sft_batch=16,
+        sft_lr=3e-3,
+        steps=2,
+        group_size=4,
+        scenarios_per_step=2,
+        save_every=1,
+        eval_every=0,
+        max_rounds=4,
+        threads=1,
+        time_budget_min=0,
+        lr=1e-3,
+    )
+    result = grpo.train(cfg, echo=lambda s: None)
+    yield cfg, result
+    mp.undo()
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
+    from nego.training.tiny_model import build_tiny_model
+    from nego.training.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    policy = CompactPolicy(build_tiny_model(tok), tok)
+    scenarios = [widget_scenario, *split_scenarios("dev", 3, 5)]
+    buyers = [resolve("timedep:e=1")] * 4
+    episodes = asyncio.run(play(policy, scenarios, buyers, [1, 2, 3, 4], temperature=1.0))
+    hook = to_hook_dict(episodes, policy, 1024)
+    for i, ep in enumerate(episodes):
+        ids, mask = hook["completion_ids"][i], hook["env_mask"][i]
+        words = [policy.words[t] for t in ids]
+        assert len(ids) == len(mask) == len(hook["logprobs"][i]) and words[-1] == "</s>" and mask[-1] == 0
+        seller_said = [w for t in ep.result.turns if t.role is Role.SELLER for w in t.action.raw.split()]
+        assert [w for w, m in zip(words, mask, strict=True) if m] == seller_said  # token by token, in order
+        env = [w for w, m in zip(words, mask, strict=True) if not m]
+        view = ep.scenario.view_for(Role.SELLER)
+        last_seller = max(t.index for t in ep.result.turns if t.role is Role.SELLER)
+        buyer_offers = [
+            t.action.offer
+            for t in ep.result.turns
+            if t.role is Role.BUYER and t.valid and t.action.kind is ActionKind.OFFER and t.index < last_seller
+        ]  # seen by the seller
+        expected = [[OPP, *(f"L{k}" for k in offer_levels(view, o))] for o in buyer_offers]
+        starts = [j for j, w in enumerate(env) if w == OPP]
+        assert [env[j : j + len(view.issues) + 1] for j in starts] == expected
+        assert all(lp == 0.0 for lp, m in zip(hook["logprobs"][i], mask, strict=True) if not m)
+
+
+def test_rewards_reach_the_trainer_from_the_structured_outcome(run):
+    cfg, result = run
+    assert len(HOOKS) == cfg.steps
+    log = pl.read_parquet(result.run_dir / "train_log.parquet").filter(pl.col("reward_mean").is_not_null())
+    for hook, logged in zip(HOOKS, log["reward_mean"].to_list(), strict=True):
+        assert len(hook["prompt_ids"]) == cfg.group_size * cfg.scenarios_per_step
+        expected = [
+            outcome_reward(u, a, r, k, None, cfg.invalid_penalty)
+            for u, a, r, k in zip(
+                hook["seller_utility"], hook["agreed"], hook["reservation"], hook["invalid_seller"], strict=True
+            )
+        ]
+        assert logged == pytest.approx(np.mean(expected), abs=1e-5)
+    assert {"deal_rate", "invalid_rate", "entropy", "identical_group_share", "tokens_per_s", "collapse"} <= set(
+        log.columns
+    )
+
+
+def test_parameters_change_and_models_are_registered(run):
+    cfg, result = run
+    base, final = _weights(result.run_dir / "base"), _weights(result.run_dir / "final")
+    assert any(not (base[k] == final[k]).all() for k in base)
+    entry = lookup("tiny-rl")
+    assert entry is not None and entry.base == "tiny" and entry.steps == cfg.steps and "dev" in entry.eval
+    factory = make_factory(entry)
+    assert (factory.spec, factory.kind) == ("tiny-rl", "compact")
+    sc = split_scenarios("dev", 1, 4)[0]
+    r = asyncio.run(run_negotiation(sc, factory(Role.SELLER, 0), resolve("tft")(Role.BUYER, 0)))
+    assert r.outcome.turns >= 1
+    assert lookup("4.5b-rl") is None
+
+
+def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
+    cfg, result = run
+    copy = tmp_path / "resumed"
+    shutil.copytree(result.run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "checkpoint-2")
+    shutil.rmtree(copy / "final")
+    resumed = grpo.train(replace(cfg, output_dir="", resume=str(copy), name="tiny-resumed"), echo=lambda s: None)
+    assert resumed.steps == cfg.steps
+    a, b = _weights(result.run_dir / "final"), _weights(copy / "final")
+    for k in a:
+        assert np.allclose(a[k].numpy(), b[k].numpy(), atol=1e-6), k

@@ -1,0 +1,183 @@
+"""TrainConfig: every knob of a training run, written once with its help text; TOML files and CLI options fill it.
+
+Validation happens here, before anything heavy loads: an unknown field or an impossible value fails with a
+message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+TINY = "tiny"
+GEMMA_SIZES: dict[str, str] = {
+    "2.3b": "google/gemma-4-E2B-it",
+    "4.5b": "google/gemma-4-E4B-it",
+    "12b": "google/gemma-4-12B-it",
+    "31b": "google/gemma-4-31B-it",
+}
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
+TINY_DEFAULT_LR = 1e-4
+REAL_DEFAULT_LR = 1e-6
+
+
+class ConfigError(ValueError):
+    """A training configuration that cannot work; the message names the field and what to do."""
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: SFT warm start (tiny model only) then GRPO against a pool of training buyers."""
+
+    model: str = _f(TINY, "seller model: tiny (built from scratch), 2.3b, 4.5b, 12b, 31b (Gemma 4) or hf:PATH")
+    name: str = _f("", "registry name of the result (registered as NAME and NAME-rl); default: derived from model")
+    output_dir: str = _f("", "where checkpoints, logs and final weights go; default: $NEGO_HOME/runs/NAME")
+    lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from a dev-split sweep; 1e-6 otherwise)")
+    group_size: int = _f(8, "negotiations per scenario in one GRPO group (G >= 2)")
+    scenarios_per_step: int = _f(8, "scenarios per optimizer step; batch = scenarios_per_step * group_size")
+    steps: int = _f(300, "GRPO optimizer steps")
+    beta: float = _f(0.0, "KL penalty towards the starting policy (0 = no reference model)")
+    loss_type: str = _f("dapo", f"GRPO loss variant: {', '.join(LOSS_TYPES)}")
+    temperature: float = _f(1.0, "sampling temperature during rollouts")
+    finetune: str = _f("full", "full or lora (LoRA adapters; real models)")
+    lora_rank: int = _f(16, "LoRA rank when finetune = lora")
+    max_rounds: int = _f(8, "rounds per negotiation during training (each side moves once per round)")
+    max_tokens: int = _f(512, "cap on one episode's tokens after the prompt; longer episodes are an error")
+    train_buyers: list[str] = field(
+        default_factory=lambda: ["timedep:e=0.5..3"],
+        metadata={"help": "training buyer specs; a..b draws a parameter uniformly per negotiation"},
+    )
+    train_scenarios: int = _f(4000, "generated training scenarios (train split)")
+    dev_scenarios: int = _f(64, "generated dev scenarios for evaluation during training (dev split)")
+    eval_every: int = _f(50, "evaluate greedily on the dev split every K steps (0 = only at the end)")
+    save_every: int = _f(100, "write a resumable checkpoint every K steps (0 = only at the end)")
+    no_deal_reward: str = _f("reservation", "reward without a deal: 'reservation' or a number in [0, 1]")
+    invalid_penalty: float = _f(0.02, "subtracted from the reward per invalid seller action")
+    sft_episodes: int = _f(3000, "rule-based transcripts for the warm start (tiny model)")
+    sft_steps: int = _f(300, "warm-start optimizer steps (tiny model; 0 = skip)")
+    sft_lr: float = _f(2e-3, "warm-start learning rate")
+    sft_batch: int = _f(32, "warm-start batch size")
+    sft_sellers: list[str] = field(
+        default_factory=lambda: ["timedep:e=0.3", "timedep:e=1", "timedep:e=3"],
+        metadata={"help": "rule-based sellers imitated in the warm start"},
+    )
+    seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
+    threads: int = _f(0, "torch CPU threads (0 = all cores)")
+    time_budget_min: float = _f(14.0, "stop GRPO early (logged) when the whole run reaches this many minutes; 0 = off")
+    use_vllm: bool = _f(False, "generate through vLLM via TRL (GPU, needs the vllm extra)")
+    vllm_server: str = _f("", "URL of a `trl vllm-serve` server (server mode); empty = colocate")
+    resume: str = _f("", "resume from this run directory (its latest checkpoint)")
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model == TINY
+
+    @property
+    def learning_rate(self) -> float:
+        if self.lr:
+            return self.lr
+        return TINY_DEFAULT_LR if self.is_tiny else REAL_DEFAULT_LR
+
+    @property
+    def run_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.model.startswith("hf:"):
+            return Path(self.model[3:].rstrip("/")).name or "hf-model"
+        return self.model
+
+    def validate(self) -> TrainConfig:
+        """Return self, or raise :class:`ConfigError` naming the first impossible value."""
+        if self.model != TINY and self.model not in GEMMA_SIZES and not self.model.startswith("hf:"):
+            raise ConfigError(f"model: {self.model!r} is not one of tiny, {', '.join(GEMMA_SIZES)} or hf:PATH")
+        checks = [
+            (self.lr >= 0 and math.isfinite(self.lr), "lr must be a non-negative number (0 = default)"),
+            (self.group_size >= 2, "group_size must be >= 2: GRPO compares negotiations within a group"),
+            (self.scenarios_per_step >= 1, "scenarios_per_step must be >= 1"),
+            (self.steps >= 1, "steps must be >= 1"),
+            (self.beta >= 0, "beta must be >= 0"),
+            (self.loss_type in LOSS_TYPES, f"loss_type must be one of {', '.join(LOSS_TYPES)}"),
+            (self.temperature > 0, "temperature must be > 0"),
+            (self.finetune in ("full", "lora"), "finetune must be 'full' or 'lora'"),
+            (self.lora_rank >= 1, "lora_rank must be >= 1"),
+            (1 <= self.max_rounds <= 30, "max_rounds must lie in 1..30"),
+            (self.max_tokens >= 16, "max_tokens must be >= 16"),
+            (bool(self.train_buyers), "train_buyers must name at least one buyer spec"),
+            (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
+            (self.dev_scenarios >= 1, "dev_scenarios must be >= 1"),
+            (self.eval_every >= 0 and self.save_every >= 0, "eval_every and save_every must be >= 0"),
+            (self.invalid_penalty >= 0, "invalid_penalty must be >= 0"),
+            (self.sft_steps >= 0 and self.sft_episodes >= 1, "sft_steps must be >= 0 and sft_episodes >= 1"),
+            (self.sft_lr > 0 and self.sft_batch >= 1, "sft_lr must be > 0 and sft_batch >= 1"),
+            (bool(self.sft_sellers), "sft_sellers must name at least one rule-based seller"),
+            (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+        no_deal_value(self.no_deal_reward)
+        from .pool import BuyerPool
+
+        BuyerPool(tuple(self.train_buyers)).check()
+        return self
+
+
+def no_deal_value(text: str) -> float | None:
+    """None for 'reservation', else the fixed no-deal reward; raises ConfigError otherwise."""
+    if text == "reservation":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"no_deal_reward must be 'reservation' or a number in [0, 1], got {text!r}")
+    return v
+
+
+def field_help() -> dict[str, str]:
+    return {f.name: f.metadata["help"] for f in fields(TrainConfig)}
+
+
+def field_default(name: str) -> Any:
+    f = next(f for f in fields(TrainConfig) if f.name == name)
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def from_mapping(data: dict[str, Any], source: str = "config", base: TrainConfig | None = None) -> TrainConfig:
+    """``base`` (defaults if None) updated with ``data``; unknown keys and wrong types fail naming ``source``."""
+    known = {f.name: f for f in fields(TrainConfig)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    clean: dict[str, Any] = {}
+    for key, value in data.items():
+        want = type(field_default(key))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if want is list and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            clean[key] = list(value)
+            continue
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ConfigError(f"{source}: {key} must be {want.__name__}, got {value!r}")
+        clean[key] = value
+    return replace(base or TrainConfig(), **clean).validate()
+
+
+def load_toml(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
+    """Read a TOML file of TrainConfig fields (top level or under [train])."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read training config: {e}") from None
+    if "train" in data and isinstance(data["train"], dict) and len(data) == 1:
+        data = data["train"]
+    return from_mapping(data, str(p), base)

@@ -1,0 +1,258 @@
+"""The training pipeline: warm start, GRPO through TRL's ``rollout_func`` hook, checkpoints, log, registration."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nego.agents.model_registry import ModelEntry, nego_home, register
+
+from .checkpoints import latest_checkpoint, save_run_config
+from .config import ConfigError, TrainConfig, no_deal_value
+from .pool import BuyerPool
+from .rewards import make_reward_func
+from .rollout import MarketRollout, split_scenarios
+from .train_log import TrainLog
+
+DEV_BUYERS = ("timedep:e=1", "tft")
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    run_dir: Path
+    base_name: str
+    rl_name: str
+    steps: int
+    stopped_early: bool
+    dev: dict[str, dict[str, float]]
+    seconds: float
+
+
+def run_dir_for(cfg: TrainConfig) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
+    return Path(cfg.output_dir) if cfg.output_dir else nego_home() / "runs" / cfg.run_name
+
+
+def _env() -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo) -> tuple[Any, Any]:
+    """The tiny base model: loaded from ``run_dir/base`` if it exists, else built and behaviour-cloned there."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from .sft import behaviour_clone, record_transcripts
+    from .tiny_model import build_tiny_model, parameter_count
+    from .tokenizer import build_tokenizer
+
+    base = run_dir / "base"
+    if (base / "config.json").exists():
+        echo(f"warm start: reusing {base}")
+        return AutoModelForCausalLM.from_pretrained(base), PreTrainedTokenizerFast.from_pretrained(base)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=cfg.seed)
+    echo(f"tiny model: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tok)}")
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    t0 = time.perf_counter()
+    traces = record_transcripts(
+        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)), cfg.seed
+    )
+    echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
+    if cfg.sft_steps:
+        r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
+        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    return model, tok
+
+
+def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, float]]:
+    """Greedy play on the dev split against the dev buyers (never the held-out suite)."""
+    from nego.agents.compact import CompactPolicy
+
+    from .evaluate import evaluate
+
+    was = model.training
+    model.eval()
+    try:
+        res = evaluate(CompactPolicy(model, tok), split_scenarios("dev", cfg.dev_scenarios, cfg.max_rounds), DEV_BUYERS)
+    finally:
+        model.train(was)
+    return {k: v.summary() for k, v in res.items()}
+
+
+def grpo_args(cfg: TrainConfig, run_dir: Path) -> Any:
+    import torch
+    from trl import GRPOConfig
+
+    cpu = not torch.cuda.is_available()
+    return GRPOConfig(
+        output_dir=str(run_dir / "checkpoints"),
+        max_steps=cfg.steps,
+        per_device_train_batch_size=cfg.scenarios_per_step * cfg.group_size,
+        num_generations=cfg.group_size,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        beta=cfg.beta,
+        loss_type=cfg.loss_type,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=cfg.max_tokens,
+        use_cpu=cpu,
+        bf16=not cpu,
+        gradient_checkpointing=not cfg.is_tiny,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=cfg.save_every or cfg.steps,
+        report_to="none",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        dataloader_num_workers=0,
+        use_vllm=cfg.use_vllm,
+        vllm_mode="server" if cfg.vllm_server else "colocate",
+        **({"vllm_server_base_url": cfg.vllm_server} if cfg.vllm_server else {}),
+    )
+
+
+def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, started: float, echo: Echo) -> tuple[list, dict]:
+    from transformers import TrainerCallback
+
+    state_box: dict[str, Any] = {"stopped_early": False, "t": time.perf_counter()}
+
+    class Monitor(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            state_box["t"] = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                seconds = logs.get("step_time") or time.perf_counter() - state_box["t"]
+                row = log.add(state.global_step, logs, float(seconds))
+                if state.global_step % 10 == 0 or state.global_step == 1:
+                    echo(
+                        f"step {state.global_step}: reward {row['reward_mean']:.3f} deal {row['deal_rate']:.2f} "
+                        f"invalid {row['invalid_rate']:.3f} entropy {row['entropy'] or 0:.3f} "
+                        f"identical groups {row['identical_group_share'] or 0:.2f} ({row['step_seconds']:.1f}s)"
+                    )
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if cfg.eval_every and state.global_step % cfg.eval_every == 0 and model is not None:
+                dev = dev_eval(model, tok, cfg)
+                log.add_eval(state.global_step, dev)
+                echo(f"step {state.global_step}: dev {dev}")
+            minutes = (time.perf_counter() - started) / 60
+            if cfg.time_budget_min and minutes >= cfg.time_budget_min and state.global_step < state.max_steps:
+                state_box["stopped_early"] = True
+                control.should_training_stop = True
+                control.should_save = True
+                echo(f"time budget of {cfg.time_budget_min} min reached at step {state.global_step}: stopping")
+
+    return [Monitor()], state_box
+
+
+def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: Echo, started: float) -> tuple:
+    """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box)."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    rollout = MarketRollout(
+        scenarios, BuyerPool(tuple(cfg.train_buyers)), tok, seed=cfg.seed, max_tokens=cfg.max_tokens
+    )
+    log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo)
+    callbacks, state_box = _callbacks(cfg, log, tok, started, echo)
+    peft_config = None
+    if cfg.finetune == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=make_reward_func(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty),
+        args=grpo_args(cfg, run_dir),
+        train_dataset=Dataset.from_list([{"prompt": s.id} for s in scenarios]),
+        processing_class=tok,
+        rollout_func=rollout,
+        callbacks=callbacks,
+        peft_config=peft_config,
+    )
+    return trainer, rollout, log, state_box
+
+
+def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
+    """Run (or resume) a whole training run and register ``NAME`` and ``NAME-rl``."""
+    cfg = cfg.validate()
+    if not cfg.is_tiny:
+        raise ConfigError(
+            f"model {cfg.model!r}: this version trains only the tiny compact model; chat-model (Gemma 4, hf:PATH) "
+            "training is not available yet"
+        )
+    _env()
+    import torch
+
+    started = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run_dir = run_dir_for(cfg)
+    save_run_config(run_dir, cfg)
+    model, tok = warm_start(cfg, run_dir, echo)
+    base_dev = dev_eval(model, tok, cfg)
+    base_name = cfg.run_name
+    register(
+        ModelEntry(
+            base_name,
+            str((run_dir / "base").resolve()),
+            "",
+            "compact",
+            _entry_config(cfg, "sft"),
+            cfg.sft_steps,
+            {"dev": base_dev},
+        )
+    )
+    echo(f"registered {base_name}: dev {base_dev}")
+    trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started)
+    resume_from = latest_checkpoint(run_dir) if cfg.resume else None
+    if resume_from:
+        echo(f"resuming from {resume_from}")
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    return finish(cfg, trainer, tok, run_dir, base_name, box["stopped_early"], started, echo)
+
+
+def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
+    return {"stage": stage, "learning_rate": cfg.learning_rate, **{k: v for k, v in vars(cfg).items() if k != "resume"}}
+
+
+def finish(cfg, trainer, tok, run_dir: Path, base_name: str, stopped: bool, started: float, echo: Echo) -> TrainResult:
+    final = run_dir / "final"
+    trainer.save_model(str(final))
+    tok.save_pretrained(final)
+    if stopped:
+        trainer.save_state()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    dev = dev_eval(model, tok, cfg)
+    steps = int(trainer.state.global_step)
+    rl_name = f"{base_name}-rl"
+    register(
+        ModelEntry(
+            rl_name,
+            str(final.resolve()),
+            base_name,
+            "compact",
+            _entry_config(cfg, "grpo"),
+            steps,
+            {"dev": dev, "stopped_early": stopped},
+        )
+    )
+    echo(f"registered {rl_name} after {steps} GRPO steps: dev {dev}")
+    return TrainResult(run_dir, base_name, rl_name, steps, stopped, dev, time.perf_counter() - started)

@@ -1,0 +1,167 @@
+"""Rollouts: the current policy plays real market negotiations; a thin adapter turns them into TRL's hook dict.
+
+The market knows nothing about TRL: :func:`play` runs ordinary negotiations between compact negotiators and
+rule-based (or model) buyers through :func:`nego.market.protocol.run_negotiation`; :func:`to_hook_dict` turns
+the recorded traces and structured outcomes into ``prompt_ids / completion_ids / logprobs / env_mask`` plus
+outcome columns that reach the reward function as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from nego.agents.compact import CompactNegotiator, CompactPolicy, CompactTrace
+from nego.agents.registry import NegotiatorFactory
+from nego.market.protocol import run_negotiation
+from nego.market.types import NegotiationResult
+from nego.scenarios.generator import generate_scenarios
+from nego.scenarios.scenario import Role, Scenario
+
+from .pool import BuyerPool
+
+# Generator seeds of the scenario splits: training, the dev split (defaults and early stopping are chosen
+# on it) and the held-out split that only the final measurement reads.
+SPLIT_SEEDS = {"train": 7101, "dev": 7202, "heldout": 7303}
+
+
+def split_scenarios(split: str, n: int, max_rounds: int = 10) -> list[Scenario]:
+    """The first ``n`` generated scenarios of ``split`` (train, dev or heldout)."""
+    return generate_scenarios(n, SPLIT_SEEDS[split], max_rounds=max_rounds)
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One finished negotiation as the seller saw and wrote it."""
+
+    scenario: Scenario
+    buyer_spec: str
+    trace: CompactTrace
+    result: NegotiationResult
+
+
+async def play(
+    policy: CompactPolicy,
+    scenarios: Sequence[Scenario],
+    buyers: Sequence[NegotiatorFactory],
+    seeds: Sequence[int],
+    temperature: float | None,
+) -> list[Episode]:
+    """Play ``scenarios[i]`` against ``buyers[i]`` concurrently; the policy batches its forward passes."""
+    sellers = [CompactNegotiator(policy, Role.SELLER, s, temperature) for s in seeds]
+    results = await asyncio.gather(
+        *(
+            run_negotiation(sc, seller, b(Role.BUYER, s), seed=s)
+            for sc, seller, b, s in zip(scenarios, sellers, buyers, seeds, strict=True)
+        )
+    )
+    episodes = []
+    for sc, seller, b, res in zip(scenarios, sellers, buyers, results, strict=True):
+        seller.trace.finish(res.outcome)
+        episodes.append(Episode(sc, b.spec, seller.trace, res))
+    return episodes
+
+
+def to_hook_dict(episodes: Sequence[Episode], policy: CompactPolicy, max_tokens: int) -> dict[str, list]:
+    """TRL's rollout dict: one sequence per negotiation, own tokens in the loss (env_mask 1), the rest context."""
+    out: dict[str, list] = {k: [] for k in HOOK_KEYS}
+    for ep in episodes:
+        completion = [policy.ids[w] for w in ep.trace.words]
+        if len(completion) > max_tokens:
+            raise RuntimeError(
+                f"episode on {ep.scenario.id} has {len(completion)} tokens, over max_tokens={max_tokens}; "
+                "raise max_tokens or lower max_rounds"
+            )
+        o = ep.result.outcome
+        out["prompt_ids"].append([policy.ids[w] for w in ep.trace.prompt])
+        out["completion_ids"].append(completion)
+        out["logprobs"].append(list(ep.trace.logprobs))
+        out["env_mask"].append(list(ep.trace.mask))
+        out["seller_utility"].append(o.seller_utility)
+        out["agreed"].append(o.agreed)
+        out["reservation"].append(ep.scenario.seller.reservation)
+        out["invalid_seller"].append(o.invalid_seller)
+        out["rounds"].append(o.rounds)
+        out["buyer_spec"].append(ep.buyer_spec)
+    return out
+
+
+HOOK_KEYS = (
+    "prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "env_mask",
+    "seller_utility",
+    "agreed",
+    "reservation",
+    "invalid_seller",
+    "rounds",
+    "buyer_spec",
+)
+
+
+@dataclass
+class RolloutStats:
+    """What the last rollouts looked like (read by the training log)."""
+
+    episodes: int = 0
+    deal_rate: float = 0.0
+    invalid_rate: float = 0.0
+    utility: float = 0.0
+    seconds: float = 0.0
+    tokens: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class MarketRollout:
+    """TRL ``rollout_func``: prompts are training scenario ids, already repeated ``group_size`` times."""
+
+    def __init__(
+        self,
+        scenarios: Sequence[Scenario],
+        pool: BuyerPool,
+        tokenizer: Any,
+        *,
+        seed: int,
+        max_tokens: int,
+    ) -> None:
+        self.scenarios = {s.id: s for s in scenarios}
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.stats = RolloutStats()
+
+    def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
+        t0 = time.perf_counter()
+        step = int(trainer.state.global_step)
+        scenarios = [self.scenarios[str(p)] for p in prompts]
+        rngs = [np.random.default_rng([self.seed, step, i]) for i in range(len(prompts))]
+        buyers = [self.pool.factory(r) for r in rngs]
+        seeds = [int(r.integers(2**31)) for r in rngs]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            policy = CompactPolicy(model, self.tokenizer)
+            episodes = asyncio.run(play(policy, scenarios, buyers, seeds, float(trainer.temperature)))
+        finally:
+            model.train(was_training)
+        hook = to_hook_dict(episodes, policy, self.max_tokens)
+        self._record(episodes, hook, time.perf_counter() - t0)
+        return hook
+
+    def _record(self, episodes: Sequence[Episode], hook: dict[str, list], seconds: float) -> None:
+        n = len(episodes)
+        turns = sum(sum(1 for t in e.result.turns if t.role is Role.SELLER) for e in episodes)
+        s = self.stats
+        s.episodes = n
+        s.deal_rate = sum(hook["agreed"]) / n
+        s.invalid_rate = sum(hook["invalid_seller"]) / max(1, turns)
+        s.utility = float(np.mean(hook["seller_utility"]))
+        s.seconds = seconds
+        s.tokens = sum(len(p) + len(c) for p, c in zip(hook["prompt_ids"], hook["completion_ids"], strict=True))

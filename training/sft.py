@@ -1,0 +1,117 @@
+"""Warm start by behaviour cloning: rule-based sellers play the market, their moves are recorded in the
+compact protocol, and the tiny model learns to predict the seller's words (buyer words are context only).
+
+A mixture of sellers (different concession speeds) gives the cloned policy spread, so GRPO groups later
+see different rewards instead of identical ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from nego.agents.compact import CompactTrace, action_words, parse_action
+from nego.agents.registry import resolve
+from nego.market.protocol import Negotiator, run_negotiation
+from nego.market.types import Action, Observation
+from nego.scenarios.scenario import Role, Scenario
+
+from .pool import BuyerPool
+
+
+class RecordingSeller:
+    """Wraps a rule-based seller: plays its move as the compact protocol would express it, and records it."""
+
+    def __init__(self, inner: Negotiator) -> None:
+        self.inner = inner
+        self.trace = CompactTrace(Role.SELLER)
+
+    async def act(self, obs: Observation) -> Action:
+        self.trace.observe(obs)
+        words = action_words(obs.scenario, await self.inner.act(obs))
+        self.trace.add(words, own=True)
+        return parse_action(obs.scenario, words)
+
+
+async def _record(scenarios: Sequence[Scenario], sellers: Sequence[str], pool: BuyerPool, seed: int) -> list:
+    rng = np.random.default_rng([seed, 1])
+    jobs = []
+    for sc in scenarios:
+        s = int(rng.integers(2**31))
+        seller = RecordingSeller(resolve(sellers[int(rng.integers(len(sellers)))])(Role.SELLER, s))
+        jobs.append((sc, seller, pool.factory(rng)(Role.BUYER, s), s))
+    results = await asyncio.gather(*(run_negotiation(sc, se, b, seed=s) for sc, se, b, s in jobs))
+    traces = []
+    for (_, seller, _, _), res in zip(jobs, results, strict=True):
+        seller.trace.finish(res.outcome)
+        traces.append(seller.trace)
+    return traces
+
+
+def record_transcripts(
+    scenarios: Sequence[Scenario], n: int, sellers: Sequence[str], pool: BuyerPool, seed: int
+) -> list[CompactTrace]:
+    """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``."""
+    chosen = [scenarios[i % len(scenarios)] for i in range(n)]
+    return asyncio.run(_record(chosen, sellers, pool, seed))
+
+
+@dataclass(frozen=True, slots=True)
+class SFTResult:
+    steps: int
+    first_loss: float
+    final_loss: float
+    seconds: float
+    episodes: int
+
+
+def _tensors(traces: Sequence[CompactTrace], vocab: dict[str, int]) -> tuple[Any, Any, Any]:
+    import torch
+
+    seqs = [[vocab[w] for w in t.prompt + t.words] for t in traces]
+    masks = [[0] * len(t.prompt) + t.mask for t in traces]
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), vocab["<pad>"], dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    att = torch.zeros_like(ids)
+    for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        labels[i, : len(s)] = torch.tensor([tok if own else -100 for tok, own in zip(s, m, strict=True)])
+    return ids, att, labels
+
+
+def behaviour_clone(
+    model: Any, tokenizer: Any, traces: Sequence[CompactTrace], *, steps: int, lr: float, batch: int, seed: int
+) -> SFTResult:
+    """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay)."""
+    import torch
+
+    t0 = time.perf_counter()
+    ids, att, labels = _tensors(traces, tokenizer.get_vocab())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    )
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    first = last = math.nan
+    for step in range(steps):
+        idx = torch.randint(0, ids.size(0), (batch,), generator=gen)
+        width = int(att[idx].sum(1).max())  # right padding: drop columns no row of this batch uses
+        loss = model(input_ids=ids[idx, :width], attention_mask=att[idx, :width], labels=labels[idx, :width]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        last = float(loss.detach())
+        first = last if step == 0 else first
+    model.eval()
+    return SFTResult(steps, first, last, time.perf_counter() - t0, len(traces))
