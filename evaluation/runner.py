@@ -24,7 +24,7 @@ from .best_response import best_response_value
 from .config import EvalConfig
 from .metrics import compute_metrics
 from .stats import bootstrap_interval, paired_comparison, with_holm
-from .suites import Suite, load_suite
+from .suites import RECIPES, Suite, load_suite
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _write_manifest(config: EvalConfig, suite: Suite) -> None:
     path = config.out / "run.json"
     manifest = {
         "suite": suite.name,
-        "suite_source": config.suite,
+        "suite_source": config.suite if config.suite in RECIPES else str(Path(config.suite).resolve()),
         "suite_hash": suite.content_hash(),
         "sellers": list(config.sellers),
         "buyers": list(config.buyers),

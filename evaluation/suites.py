@@ -44,8 +44,9 @@ OPPOSITION_LEVELS = (0.2, 0.4, 0.6, 0.8)
 
 @dataclass(frozen=True, slots=True)
 class SuiteRecipe:
-    """How a suite's scenarios are generated: scenario i has opposition level ``i % len(levels)`` and the category
-    ``(i // len(levels)) % len(categories)``, so every category meets every opposition level."""
+    """How a suite's scenarios are generated: scenario i has the category ``i % C`` and the opposition level
+    ``(i + i // C) % L`` (C categories, L levels), so small suites already cover every category and a category's
+    scenarios step through the opposition levels."""
 
     name: str
     seed: int
@@ -146,8 +147,8 @@ def generate_suite(recipe: SuiteRecipe) -> Suite:
         generate_scenario(
             recipe.seed,
             index=i,
-            category=CATEGORIES[(i // len(levels)) % len(CATEGORIES)].name,
-            opposition=levels[i % len(levels)],
+            category=CATEGORIES[i % len(CATEGORIES)].name,
+            opposition=levels[(i + i // len(CATEGORIES)) % len(levels)],
             max_rounds=recipe.max_rounds,
             opener=Role.SELLER,
         )
