@@ -67,7 +67,7 @@ def eval_(
         str | None, typer.Option(help="Two buyer specs replacing the held-out defaults (walker,picky).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Run directory (resumes if it exists). Default runs/eval-SUITE.")
+        Path | None, typer.Option(help="Run directory (resumes if it exists). Default runs/eval/SUITE.")
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Negotiations in flight at once.")] = 64,
     diagnostic: Annotated[str, typer.Option(help="Extra diagnostic buyer; 'none' to skip.")] = "hardliner",
@@ -84,7 +84,7 @@ def eval_(
     try:
         config = EvalConfig(
             sellers=_specs(sellers, "seller"),
-            out=out or Path("runs") / f"eval-{Path(suite).stem}",
+            out=out or Path("runs") / "eval" / Path(suite).stem,
             suite=suite,
             buyers=_specs(buyers, "buyer") if buyers else DEFAULT_BUYERS,
             diagnostic=None if diagnostic.lower() == "none" else diagnostic,

@@ -1,0 +1,6 @@
+"""Evaluation: frozen suites, per-negotiation metrics, paired cluster statistics, arm runs, reports and sweeps.
+
+Modules: :mod:`.suites` (eval-1152, eval-dev, the training stream), :mod:`.metrics`, :mod:`.best_response`
+(optimality gap), :mod:`.stats`, :mod:`.runner` (``evaluate``), :mod:`.report`, :mod:`.sweep`, :mod:`.config`.
+Nothing is imported here, so ``import nego.evaluation`` stays light.
+"""
