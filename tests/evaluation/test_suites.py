@@ -90,3 +90,14 @@ def test_training_stream_drops_a_scenario_equal_to_an_evaluation_one(monkeypatch
         got = list(itertools.islice(training_stream(7), 3))
     assert planted not in got and [s.id for s in got][1].endswith("-2")
     assert "an evaluation problem" in caplog.text
+
+
+def test_the_training_splits_of_nego_train_hold_no_evaluation_scenario():
+    rollout = pytest.importorskip("nego.training.rollout")
+    assert not any(seed in suites.EVAL_SEED_RANGE for seed in rollout.SPLIT_SEEDS.values())
+    eval_hashes = {v for name in RECIPES for v in load_suite(name).variants()}
+    eval_problems = suites.evaluation_fingerprints()
+    for split in ("train", "dev"):
+        for s in rollout.split_scenarios(split, 1_000):
+            assert s.content_hash() not in eval_hashes
+            assert problem_fingerprint(s) not in eval_problems
