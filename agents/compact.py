@@ -156,6 +156,48 @@ class CompactTrace:
         self.add(end_words(outcome, self.role), own=False)
 
 
+class BatchedGenerator:
+    """Collects concurrent generation requests and answers them with one batched call of ``run``.
+
+    ``run(requests) -> [(token ids, logprobs), ...]`` does the actual decoding; every negotiation that is about to
+    ask in the same pass of the event loop joins the batch.
+    """
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self._pending: list[_Request] = []
+        self._flush: asyncio.Task | None = None
+        self.calls = 0
+
+    async def submit(
+        self, ids: list[int], max_new: int, temperature: float | None, generator: Any = None
+    ) -> tuple[list[int], list[float]]:
+        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future())
+        self._pending.append(req)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._run_batch())
+        return await req.future
+
+    async def _run_batch(self) -> None:
+        seen = -1
+        while seen != len(self._pending):
+            seen = len(self._pending)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        batch, self._pending = self._pending, []
+        self.calls += 1
+        try:
+            results = self.run(batch)
+        except Exception as e:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(e)
+            return
+        for r, res in zip(batch, results, strict=True):
+            if not r.future.done():
+                r.future.set_result(res)
+
+
 class CompactPolicy:
     """A compact-protocol model shared by many negotiators; concurrent requests become one batched forward pass."""
 
@@ -166,9 +208,13 @@ class CompactPolicy:
         self.ids = {w: vocab[w] for w in vocabulary()}
         self.words = {i: w for w, i in self.ids.items()}
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1024))
-        self._pending: list[_Request] = []
-        self._flush: asyncio.Task | None = None
-        self.forward_calls = 0
+        self.batcher = BatchedGenerator(
+            lambda batch: generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT])
+        )
+
+    @property
+    def forward_calls(self) -> int:
+        return self.batcher.calls
 
     @classmethod
     def load(cls, path: str) -> CompactPolicy:
@@ -189,35 +235,8 @@ class CompactPolicy:
         ids = [self.ids.get(w, self.ids[UNK]) for w in words]
         if len(ids) + max_new > self.max_context:
             raise RuntimeError(f"episode context of {len(ids) + max_new} tokens exceeds the model's {self.max_context}")
-        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future())
-        self._pending.append(req)
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._run_batch())
-        out_ids, logps = await req.future
+        out_ids, logps = await self.batcher.submit(ids, max_new, temperature, generator)
         return [self.words[i] for i in out_ids], logps
-
-    async def _run_batch(self) -> None:
-        # Let every negotiation that is about to ask do so, then answer them all with one batch.
-        seen = -1
-        while seen != len(self._pending):
-            seen = len(self._pending)
-            for _ in range(3):
-                await asyncio.sleep(0)
-        batch, self._pending = self._pending, []
-        try:
-            results = self.generate_batch(batch)
-        except Exception as e:
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(e)
-            return
-        for r, res in zip(batch, results, strict=True):
-            if not r.future.done():
-                r.future.set_result(res)
-
-    def generate_batch(self, batch: Sequence[_Request]) -> list[tuple[list[int], list[float]]]:
-        self.forward_calls += 1
-        return generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT])
 
 
 def generate_turns(

@@ -56,3 +56,23 @@ def evaluate(
             tuple(e.result.outcome.invalid_seller for e in episodes),
         )
     return out
+
+
+def evaluate_chat(model, tokenizer, scenarios: Sequence[Scenario], buyers: Sequence[str], seed: int = 0):
+    """:func:`evaluate` for chat models (JSON actions through the chat template), greedy."""
+    from .chat_rollout import ChatPolicy, play_chat
+
+    out = {}
+    seeds = [int(x) for x in np.random.default_rng([seed, 99]).integers(2**31, size=len(scenarios))]
+    policy = ChatPolicy(model, tokenizer)
+    for spec in buyers:
+        factory = resolve(spec)
+        played = asyncio.run(play_chat(policy, scenarios, [factory] * len(scenarios), seeds, None))
+        outcomes = [res.outcome for _, res in played]
+        out[spec] = BuyerResult(
+            spec,
+            tuple(o.seller_utility for o in outcomes),
+            tuple(o.agreed for o in outcomes),
+            tuple(o.invalid_seller for o in outcomes),
+        )
+    return out

@@ -12,7 +12,7 @@ from typing import Any
 from nego.agents.model_registry import ModelEntry, nego_home, register
 
 from .checkpoints import latest_checkpoint, save_run_config
-from .config import ConfigError, TrainConfig, no_deal_value
+from .config import TrainConfig, no_deal_value
 from .pool import BuyerPool
 from .rewards import make_reward_func
 from .rollout import MarketRollout, split_scenarios
@@ -75,14 +75,18 @@ def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo) -> tuple[Any, Any]:
 
 def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, float]]:
     """Greedy play on the dev split against the dev buyers (never the held-out suite)."""
-    from nego.agents.compact import CompactPolicy
+    from .evaluate import evaluate, evaluate_chat
 
-    from .evaluate import evaluate
-
+    scenarios = split_scenarios("dev", cfg.dev_scenarios, cfg.max_rounds)
     was = model.training
     model.eval()
     try:
-        res = evaluate(CompactPolicy(model, tok), split_scenarios("dev", cfg.dev_scenarios, cfg.max_rounds), DEV_BUYERS)
+        if cfg.is_tiny:
+            from nego.agents.compact import CompactPolicy
+
+            res = evaluate(CompactPolicy(model, tok), scenarios, DEV_BUYERS)
+        else:
+            res = evaluate_chat(model, tok, scenarios, DEV_BUYERS)
     finally:
         model.train(was)
     return {k: v.summary() for k, v in res.items()}
@@ -165,9 +169,10 @@ def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: E
     from trl import GRPOTrainer
 
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
-    rollout = MarketRollout(
-        scenarios, BuyerPool(tuple(cfg.train_buyers)), tok, seed=cfg.seed, max_tokens=cfg.max_tokens
-    )
+    rollout_cls = MarketRollout
+    if not cfg.is_tiny:
+        from .chat_rollout import ChatMarketRollout as rollout_cls
+    rollout = rollout_cls(scenarios, BuyerPool(tuple(cfg.train_buyers)), tok, seed=cfg.seed, max_tokens=cfg.max_tokens)
     log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo)
     callbacks, state_box = _callbacks(cfg, log, tok, started, echo)
     peft_config = None
@@ -193,11 +198,6 @@ def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: E
 def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
     """Run (or resume) a whole training run and register ``NAME`` and ``NAME-rl``."""
     cfg = cfg.validate()
-    if not cfg.is_tiny:
-        raise ConfigError(
-            f"model {cfg.model!r}: this version trains only the tiny compact model; chat-model (Gemma 4, hf:PATH) "
-            "training is not available yet"
-        )
     _env()
     import torch
 
@@ -205,21 +205,20 @@ def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = run_dir_for(cfg)
-    save_run_config(run_dir, cfg)
-    model, tok = warm_start(cfg, run_dir, echo)
+    if cfg.is_tiny:
+        save_run_config(run_dir, cfg)
+        model, tok = warm_start(cfg, run_dir, echo)
+        base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
+    else:
+        from .hf_model import load_chat_model, model_source
+
+        model, tok = load_chat_model(cfg)
+        save_run_config(run_dir, cfg)
+        base_path, sft_steps = model_source(cfg), 0
     base_dev = dev_eval(model, tok, cfg)
     base_name = cfg.run_name
-    register(
-        ModelEntry(
-            base_name,
-            str((run_dir / "base").resolve()),
-            "",
-            "compact",
-            _entry_config(cfg, "sft"),
-            cfg.sft_steps,
-            {"dev": base_dev},
-        )
-    )
+    entry_cfg = _entry_config(cfg, "base")
+    register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev}))
     echo(f"registered {base_name}: dev {base_dev}")
     trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started)
     resume_from = latest_checkpoint(run_dir) if cfg.resume else None
@@ -227,6 +226,10 @@ def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
         echo(f"resuming from {resume_from}")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     return finish(cfg, trainer, tok, run_dir, base_name, box["stopped_early"], started, echo)
+
+
+def _format(cfg: TrainConfig) -> str:
+    return "compact" if cfg.is_tiny else "hf"
 
 
 def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
@@ -248,7 +251,7 @@ def finish(cfg, trainer, tok, run_dir: Path, base_name: str, stopped: bool, star
             rl_name,
             str(final.resolve()),
             base_name,
-            "compact",
+            _format(cfg),
             _entry_config(cfg, "grpo"),
             steps,
             {"dev": dev, "stopped_early": stopped},

@@ -68,25 +68,45 @@ async def play(
 
 def to_hook_dict(episodes: Sequence[Episode], policy: CompactPolicy, max_tokens: int) -> dict[str, list]:
     """TRL's rollout dict: one sequence per negotiation, own tokens in the loss (env_mask 1), the rest context."""
+    return hook_dict(
+        [
+            (
+                [policy.ids[w] for w in ep.trace.prompt],
+                [policy.ids[w] for w in ep.trace.words],
+                ep.trace.mask,
+                ep.trace.logprobs,
+                ep.result,
+                ep.scenario,
+                ep.buyer_spec,
+            )
+            for ep in episodes
+        ],
+        max_tokens,
+    )
+
+
+def hook_dict(rows: Sequence[tuple], max_tokens: int) -> dict[str, list]:
+    """Rows of (prompt ids, completion ids, mask, logprobs, result, scenario, buyer spec) -> the hook's dict;
+    the outcome columns reach the reward function as keyword arguments."""
     out: dict[str, list] = {k: [] for k in HOOK_KEYS}
-    for ep in episodes:
-        completion = [policy.ids[w] for w in ep.trace.words]
+    for prompt, completion, mask, logprobs, result, scenario, buyer_spec in rows:
         if len(completion) > max_tokens:
             raise RuntimeError(
-                f"episode on {ep.scenario.id} has {len(completion)} tokens, over max_tokens={max_tokens}; "
+                f"episode on {scenario.id} has {len(completion)} tokens, over max_tokens={max_tokens}; "
                 "raise max_tokens or lower max_rounds"
             )
-        o = ep.result.outcome
-        out["prompt_ids"].append([policy.ids[w] for w in ep.trace.prompt])
-        out["completion_ids"].append(completion)
-        out["logprobs"].append(list(ep.trace.logprobs))
-        out["env_mask"].append(list(ep.trace.mask))
+        o = result.outcome
+        out["prompt_ids"].append(list(prompt))
+        out["completion_ids"].append(list(completion))
+        out["logprobs"].append(list(logprobs))
+        out["env_mask"].append(list(mask))
         out["seller_utility"].append(o.seller_utility)
         out["agreed"].append(o.agreed)
-        out["reservation"].append(ep.scenario.seller.reservation)
+        out["reservation"].append(scenario.seller.reservation)
         out["invalid_seller"].append(o.invalid_seller)
+        out["seller_turns"].append(sum(1 for t in result.turns if t.role is Role.SELLER))
         out["rounds"].append(o.rounds)
-        out["buyer_spec"].append(ep.buyer_spec)
+        out["buyer_spec"].append(buyer_spec)
     return out
 
 
@@ -99,6 +119,7 @@ HOOK_KEYS = (
     "agreed",
     "reservation",
     "invalid_seller",
+    "seller_turns",
     "rounds",
     "buyer_spec",
 )
@@ -147,17 +168,21 @@ class MarketRollout:
         was_training = model.training
         model.eval()
         try:
-            policy = CompactPolicy(model, self.tokenizer)
-            episodes = asyncio.run(play(policy, scenarios, buyers, seeds, float(trainer.temperature)))
+            hook = self.rollout(model, trainer, scenarios, buyers, seeds)
         finally:
             model.train(was_training)
-        hook = to_hook_dict(episodes, policy, self.max_tokens)
-        self._record(episodes, hook, time.perf_counter() - t0)
+        self._record(hook, time.perf_counter() - t0)
         return hook
 
-    def _record(self, episodes: Sequence[Episode], hook: dict[str, list], seconds: float) -> None:
-        n = len(episodes)
-        turns = sum(sum(1 for t in e.result.turns if t.role is Role.SELLER) for e in episodes)
+    def rollout(self, model: Any, trainer: Any, scenarios: list, buyers: list, seeds: list[int]) -> dict[str, list]:
+        """Play the batch with the compact protocol and return the hook dict."""
+        policy = CompactPolicy(model, self.tokenizer)
+        episodes = asyncio.run(play(policy, scenarios, buyers, seeds, float(trainer.temperature)))
+        return to_hook_dict(episodes, policy, self.max_tokens)
+
+    def _record(self, hook: dict[str, list], seconds: float) -> None:
+        n = len(hook["prompt_ids"])
+        turns = sum(hook["seller_turns"])
         s = self.stats
         s.episodes = n
         s.deal_rate = sum(hook["agreed"]) / n

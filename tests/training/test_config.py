@@ -47,4 +47,6 @@ def test_cli_errors_are_clear_and_early():
     r = CliRunner().invoke(app, ["--group-size", "1"])
     assert r.exit_code == 2 and "group_size must be >= 2" in r.output
     r = CliRunner().invoke(app, ["--model", "4.5b", "--lr", "3e-6"])
-    assert r.exit_code == 2 and "only the tiny compact model" in r.output
+    assert r.exit_code == 2 and "needs a CUDA GPU" in r.output  # before any download is attempted
+    r = CliRunner().invoke(app, ["--model", "hf:/nonexistent/model"])
+    assert r.exit_code == 2 and "cannot load checkpoint" in r.output

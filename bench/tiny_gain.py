@@ -1,0 +1,87 @@
+"""Does GRPO help the tiny seller? Paired comparison of two registered compact models on held-out negotiations.
+
+    python bench/tiny_gain.py                     # tiny vs tiny-rl, 200 held-out scenarios per buyer
+    python bench/tiny_gain.py --base tiny --trained tiny-rl --n 300 --out bench/results/tiny_gain.txt
+
+The scenarios come from the held-out split (never used for training or for choosing defaults); the buyers are
+families absent from the training pool (walker, picky) plus a hardliner as a diagnostic. Both models play the
+identical negotiations greedily, so the gain is a paired difference with a bootstrap 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HELDOUT_BUYERS = ("walker", "picky", "hardliner")
+
+
+def paired_gain(
+    base: np.ndarray, trained: np.ndarray, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean of ``trained - base`` and its percentile-bootstrap 95% interval."""
+    d = trained - base
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), (resamples, len(d)))].mean(1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="tiny")
+    ap.add_argument("--trained", default="tiny-rl")
+    ap.add_argument("--n", type=int, default=200, help="held-out scenarios per buyer")
+    ap.add_argument("--buyers", default=",".join(HELDOUT_BUYERS))
+    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--out", default="", help="also write the table to this file")
+    args = ap.parse_args(argv)
+
+    import torch
+    from nego.agents.compact import CompactPolicy
+    from nego.agents.model_registry import lookup
+    from nego.training.evaluate import evaluate
+    from nego.training.rollout import split_scenarios
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    entries = {name: lookup(name) for name in (args.base, args.trained)}
+    missing = [k for k, v in entries.items() if v is None]
+    if missing:
+        print(f"error: model(s) {', '.join(missing)} not registered; run `nego train` first", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    scenarios = split_scenarios("heldout", args.n, args.max_rounds)
+    buyers = [b for b in args.buyers.split(",") if b]
+    res = {name: evaluate(CompactPolicy.load(e.path), scenarios, buyers, seed=1) for name, e in entries.items()}
+    lines = [
+        f"held-out split: {args.n} scenarios x {len(buyers)} buyers, greedy, paired bootstrap (10,000 resamples)",
+        f"base = {args.base} ({entries[args.base].path}), trained = {args.trained} ({entries[args.trained].path}, "
+        f"{entries[args.trained].steps} GRPO steps)",
+        "",
+        "| buyer | base utility | trained utility | gain [95% CI] | deals base / trained | invalid/ep base / trained |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in buyers:
+        rb, rt = res[args.base][b], res[args.trained][b]
+        g, lo, hi = paired_gain(np.array(rb.utility), np.array(rt.utility))
+        lines.append(
+            f"| {b} (n={len(rb.utility)}) | {rb.mean_utility:.3f} | {rt.mean_utility:.3f} | "
+            f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"{rb.deal_rate:.2f} / {rt.deal_rate:.2f} | {np.mean(rb.invalid):.2f} / {np.mean(rt.invalid):.2f} |"
+        )
+    lines.append(f"\n({time.perf_counter() - t0:.0f} s)")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""Chat-format GRPO for real models, exercised on a tiny random Qwen2-shaped model with a test-built chat template."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nego.agents.model_registry import lookup
+from nego.agents.registry import resolve
+from nego.training import grpo
+from nego.training.chat_rollout import ChatPolicy, TemplateError, play_chat, user_suffix_ids
+from nego.training.config import TrainConfig
+from nego.training.rollout import split_scenarios
+
+pytestmark = pytest.mark.slow
+CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tiny_chat_model(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    corpus = ["The seller offers: price=120, warranty=2y. Rounds left: 3", '{"action": "offer", "offer": {}}'] * 20
+    core.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", padding_side="left")
+    tok.chat_template = CHAT
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return tok
+
+
+def test_turns_are_concatenated_and_only_the_sellers_ids_are_trained(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tok = _tiny_chat_model(tmp_path / "m")
+    suffix = user_suffix_ids(tok, "Rounds left: 2")
+    assert tok.decode(suffix).startswith("\n<|im_start|>user\nRounds left: 2<|im_end|>\n<|im_start|>assistant\n")
+    policy = ChatPolicy(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), tok, max_new=6)
+    scenarios = split_scenarios("dev", 2, 3)
+    played = asyncio.run(play_chat(policy, scenarios, [resolve("tft")] * 2, [1, 2], 1.0))
+    for trace, result in played:
+        assert len(trace.ids) == len(trace.mask) == len(trace.logprobs) and trace.ids[-1] == policy.eos_id
+        own_turns = sum(1 for t in result.turns if t.role.value == "seller")
+        runs, cur = [], None
+        for i, m in enumerate(trace.mask):
+            if m != cur:
+                runs.append((m, i))
+                cur = m
+        assert sum(1 for m, _ in runs if m == 1) == own_turns  # one trained run per seller turn
+        for m, start in runs:
+            if m == 0 and start + 1 < len(trace.ids):  # environment runs are closing tokens + a user turn
+                assert "<|im_start|>user" in tok.decode(trace.ids[start:]) or trace.ids[start] == policy.eos_id
+
+
+def test_a_non_prefix_preserving_template_is_refused(tmp_path):
+    tok = _tiny_chat_model(tmp_path / "m")
+    tok.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}<|im_end|>{% endfor %}"
+    with pytest.raises(TemplateError, match="prefix-preserving"):
+        user_suffix_ids(tok, "hello")
+
+
+def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    _tiny_chat_model(tmp_path / "m")
+    cfg = TrainConfig(
+        model=f"hf:{tmp_path / 'm'}",
+        name="toy",
+        output_dir=str(tmp_path / "run"),
+        steps=2,
+        group_size=2,
+        scenarios_per_step=1,
+        train_scenarios=2,
+        dev_scenarios=1,
+        max_rounds=2,
+        max_tokens=8192,
+        eval_every=0,
+        save_every=1,
+        threads=1,
+        time_budget_min=0,
+        lr=1e-3,
+    )
+    result = grpo.train(cfg, echo=lambda s: None)
+    assert result.steps == 2 and (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+    base, rl = lookup("toy"), lookup("toy-rl")
+    assert base.format == rl.format == "hf" and rl.base == "toy" and rl.steps == 2
