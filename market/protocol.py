@@ -52,10 +52,19 @@ class ProtocolConfig:
 
 
 def check_offer(scenario: Scenario, offer: Offer | None) -> tuple[Offer | None, str | None]:
-    """Validate an offer against the scenario. Returns (normalised offer, None) or (None, feedback)."""
+    """Validate an offer against the scenario. Returns (normalised offer, None) or (None, feedback).
+
+    The normalised offer is ``offer`` itself when every value already has its issue's type."""
     if offer is None:
         return None, "an offer must assign a value to every issue; none was given"
-    names = [i.name for i in scenario.issues]
+    issues = scenario.issues
+    if len(offer) == len(issues):
+        try:  # fast path: exactly the issue names, every value already legal and normalised
+            if all(issue.validate(offer[issue.name]) is offer[issue.name] for issue in issues):
+                return offer, None
+        except (KeyError, InvalidValueError):
+            pass
+    names = [i.name for i in issues]
     unknown = [k for k in offer if k not in names]
     missing = [n for n in names if n not in offer]
     problems = []
@@ -64,7 +73,7 @@ def check_offer(scenario: Scenario, offer: Offer | None) -> tuple[Offer | None, 
     if missing:
         problems.append(f"missing value(s) for {', '.join(missing)}: an offer must be complete")
     values = {}
-    for issue in scenario.issues:
+    for issue in issues:
         if issue.name in offer:
             try:
                 values[issue.name] = issue.validate(offer[issue.name])
@@ -102,6 +111,7 @@ async def run_negotiation(
     standing: Offer | None = None
     standing_by: Role | None = None
     first, second = scenario.opener, scenario.opener.other
+    u_seller, u_buyer = scenario.seller.scorer(scenario.issues), scenario.buyer.scorer(scenario.issues)
 
     def record(turn: Turn) -> None:
         turns.append(turn)
@@ -110,10 +120,7 @@ async def run_negotiation(
 
     def finish(reason: EndReason, rnd: int, by: Role | None, agreement: Offer | None = None, error: str = ""):
         if agreement is not None:
-            us, ub = (
-                scenario.seller.utility(agreement, scenario.issues),
-                scenario.buyer.utility(agreement, scenario.issues),
-            )
+            us, ub = u_seller(agreement), u_buyer(agreement)
         else:
             us, ub = scenario.seller.reservation, scenario.buyer.reservation
         outcome = Outcome(
@@ -166,12 +173,8 @@ async def run_negotiation(
                         action=action,
                         valid=feedback is None,
                         feedback=feedback,
-                        utility_seller=scenario.seller.utility(offer, scenario.issues)
-                        if offer and not feedback
-                        else None,
-                        utility_buyer=scenario.buyer.utility(offer, scenario.issues)
-                        if offer and not feedback
-                        else None,
+                        utility_seller=u_seller(offer) if offer is not None and feedback is None else None,
+                        utility_buyer=u_buyer(offer) if offer is not None and feedback is None else None,
                     )
                 )
                 if feedback is not None:
@@ -205,7 +208,7 @@ def _judge(
         offer, feedback = check_offer(scenario, action.offer)
         if feedback is not None:
             return feedback, action
-        if offer != action.offer or any(type(offer[k]) is not type(action.offer[k]) for k in offer):
+        if offer is not action.offer:
             action = Action(action.kind, offer, action.message, action.raw, action.error, action.usage)
         return None, action
     return None, action

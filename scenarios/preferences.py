@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,7 +38,10 @@ class ValueFunction:
 
     def __call__(self, issue: Issue, value: Value) -> float:
         if issue.kind is IssueKind.CATEGORICAL:
-            return dict(self.table)[value]  # type: ignore[index]
+            for option, v in self.table:
+                if option == value:
+                    return v
+            raise KeyError(value)
         x = (float(value) - issue.low) / (issue.high - issue.low)
         return x if self.direction is Direction.INCREASING else 1.0 - x
 
@@ -103,6 +106,29 @@ class Preferences:
         for issue in issues:
             u += self.weights[issue.name] * self.values[issue.name](issue, offer[issue.name])
         return min(1.0, max(0.0, u))
+
+    def scorer(self, issues: tuple[Issue, ...]) -> Callable[[Mapping[str, Value]], float]:
+        """A faster ``utility`` for many offers over the same issues: the same terms in the same order, so the
+        same floats, with the per-issue lookups done once."""
+        terms = []
+        for issue in issues:
+            vf = self.values[issue.name]
+            table = dict(vf.table) if issue.kind is IssueKind.CATEGORICAL else None
+            increasing = vf.direction is Direction.INCREASING
+            terms.append((issue.name, self.weights[issue.name], table, issue.low, issue.high, increasing))
+
+        def utility(offer: Mapping[str, Value]) -> float:
+            u = 0.0
+            for name, weight, table, low, high, increasing in terms:
+                if table is not None:
+                    v = table[offer[name]]
+                else:
+                    x = (float(offer[name]) - low) / (high - low)
+                    v = x if increasing else 1.0 - x
+                u += weight * v
+            return min(1.0, max(0.0, u))
+
+        return utility
 
     def grid_utilities(self, issues: tuple[Issue, ...]) -> list[np.ndarray]:
         """Weighted per-issue utility contributions on each issue's grid (sum one entry of each = utility)."""
