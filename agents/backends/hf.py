@@ -48,11 +48,14 @@ class _Pending:
 
 @dataclass
 class BatchStats:
-    """What the batcher did: generate calls and requests served (for benchmarks and tests)."""
+    """What the batcher did: generate calls and requests served, and the seconds spent reading prompts
+    (prefill, up to the first new token) and decoding the rest (for benchmarks and tests)."""
 
     generate_calls: int = 0
     requests: int = 0
     largest_batch: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 class HFBackend:
@@ -63,7 +66,16 @@ class HFBackend:
     kind = "hf"
     supports_tools = False
 
-    def __init__(self, model: Any, tokenizer: Any, *, name: str, max_batch: int = 32, window_ms: float = 5.0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        max_batch: int = 32,
+        window_ms: float = 5.0,
+        static_cache: bool | None = None,
+    ) -> None:
         if max_batch < 1 or window_ms < 0:
             raise ValueError(f"max_batch must be >= 1 and window_ms >= 0, got {max_batch}, {window_ms}")
         if not getattr(tokenizer, "chat_template", None):
@@ -77,6 +89,11 @@ class HFBackend:
         self.max_batch = max_batch
         self.window_s = window_ms / 1000
         self.stats = BatchStats()
+        if static_cache is None:
+            # on CPU, growing the default cache copies all of it every step, which dominates a large batch's decoding;
+            # a preallocated one avoids that (on GPUs the copy is cheap and static shapes would trigger compilation)
+            static_cache = model.device.type == "cpu" and bool(getattr(model, "_can_compile_fullgraph", False))
+        self.static_cache = static_cache
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -99,11 +116,13 @@ class HFBackend:
         dtype: str | None = None,
         max_batch: int = 32,
         window_ms: float = 5.0,
+        static_cache: bool | None = None,
     ) -> HFBackend:
         """Load a tokenizer and model from a local directory or a Hugging Face hub id.
 
         ``device`` defaults to CUDA when available, else CPU; ``dtype`` ("bfloat16", "float16", "float32",
-        "float64") defaults to bfloat16 on a GPU that supports it and float32 otherwise. With
+        "float64") defaults to bfloat16 on a GPU that supports it and float32 otherwise. ``static_cache``
+        preallocates the key-value cache (default: on CPU, for models that support it). With
         ``HF_HUB_OFFLINE=1`` a hub id loads only from the local cache.
         """
         torch, transformers = _require_torch_transformers()
@@ -115,7 +134,14 @@ class HFBackend:
             model = _load_model(transformers, source, torch_dtype)
         except OSError as e:
             raise BackendError(_load_hint(path_or_id, e)) from None
-        return cls(model.to(device), tokenizer, name=path_or_id, max_batch=max_batch, window_ms=window_ms)
+        return cls(
+            model.to(device),
+            tokenizer,
+            name=path_or_id,
+            max_batch=max_batch,
+            window_ms=window_ms,
+            static_cache=static_cache,
+        )
 
     # ------------------------------------------------------------------------------------------ serving
 
@@ -213,7 +239,10 @@ class HFBackend:
             max_new_tokens=max(r.max_tokens for r in chosen),
             eos_token_id=list(self.eos_ids),
             pad_token_id=self.pad_id,
+            cache_implementation="static" if self.static_cache else None,
+            disable_compile=True,  # batch shapes change from call to call: compiling would recompile each time
         )
+        started = time.perf_counter()
         with torch.inference_mode():
             generated = self.lm.generate(
                 input_ids=input_ids,
@@ -221,6 +250,9 @@ class HFBackend:
                 generation_config=config,
                 logits_processor=transformers.LogitsProcessorList([sampler]),
             )
+        first_logits = sampler.first_call_at or started
+        self.stats.prefill_s += first_logits - started
+        self.stats.decode_s += time.perf_counter() - first_logits
         self.stats.generate_calls += 1
         self.stats.requests += len(rows)
         self.stats.largest_batch = max(self.stats.largest_batch, len(rows))
@@ -239,6 +271,7 @@ class _RowSampler:
 
     def __init__(self, torch: Any, rows: list[tuple[float, int | None]], device: Any) -> None:
         self.torch = torch
+        self.first_call_at: float | None = None
         self.temperatures = [t for t, _ in rows]
         self.generators = []
         for t, seed in rows:
@@ -249,6 +282,8 @@ class _RowSampler:
             self.generators.append(gen)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.first_call_at is None:
+            self.first_call_at = time.perf_counter()
         torch = self.torch
         out = scores.clone()
         for row, (t, gen) in enumerate(zip(self.temperatures, self.generators, strict=True)):

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from nego.agents.backends.base import BackendError, ChatMessage, ChatRequest, ToolSpec
+from nego.agents.backends.base import BackendError, ChatBackend, ChatMessage, ChatRequest, ToolSpec
 from nego.agents.backends.hf import HFBackend
 
 CHAT_TEMPLATE = (
@@ -74,8 +74,9 @@ def request(i: int, temperature: float, max_tokens: int = 10) -> ChatRequest:
     return ChatRequest(messages, max_tokens=max_tokens, temperature=temperature, seed=100 + i)
 
 
-async def test_batched_generation_equals_one_at_a_time_with_the_same_seeds(tiny_model):
-    backend = HFBackend.from_spec(str(tiny_model), max_batch=8)
+@pytest.mark.parametrize("static_cache", [True, False])
+async def test_batched_generation_equals_one_at_a_time_with_the_same_seeds(tiny_model, static_cache):
+    backend = HFBackend.from_spec(str(tiny_model), max_batch=8, static_cache=static_cache)
     # prompts of different lengths (left padding), greedy and sampled rows and different lengths in one batch
     requests = [request(i, temperature=(0.0, 0.8, 1.3)[i % 3], max_tokens=6 + i) for i in range(8)]
     try:
@@ -102,6 +103,7 @@ async def test_sampling_follows_the_seed_and_usage_counts_tokens(tiny_model):
     assert len({o.text for o in others}) > 1
     assert first.usage.prompt_tokens == len(backend.encode(r.messages)) and first.usage.calls == 1
     assert 1 <= first.usage.completion_tokens <= 12 and first.usage.latency_s > 0
+    assert backend.stats.prefill_s > 0 and backend.stats.decode_s > 0
 
 
 async def test_the_event_loop_keeps_running_while_the_model_generates(tiny_model):
@@ -125,6 +127,7 @@ async def test_the_event_loop_keeps_running_while_the_model_generates(tiny_model
 
 async def test_refusals_and_close(tiny_model):
     backend = HFBackend.from_spec(str(tiny_model), window_ms=50)
+    assert isinstance(backend, ChatBackend) and backend.kind == "hf" and backend.model == str(tiny_model)
     tool = ToolSpec("accept", "accept the standing offer", {"type": "object", "properties": {}})
     with pytest.raises(BackendError, match="answers in text"):
         await backend.complete(ChatRequest(request(0, 0.0).messages, tools=(tool,)))

@@ -1,0 +1,187 @@
+"""Dynamic batching in the in-process transformers backend: generated tokens per second, batched vs not.
+
+Workload: N concurrent negotiations (default 32) on generated scenarios, each an LLM seller (the default prompt
+template, text replies, temperature 0.7, 96 new tokens per reply) served by one ``HFBackend`` against a
+Boulware buyer, ``max_rounds`` 2 and no retries after an invalid reply (one model call per seller turn). The
+model is a randomly initialised Llama (hidden 256, 4 layers, 8 heads) with a byte-level BPE tokenizer of
+2,000 tokens trained on rendered prompts, about 4.1M parameters, built into a temporary directory and
+loaded through ``HFBackend.from_spec`` like any checkpoint (float32, CPU). Its replies are noise, so every
+seller turn is an invalid action and every negotiation runs its full length: the same requests in both arms.
+
+The same run plays the workload twice, once with ``max_batch=1`` (one generate call per request) and once
+with ``max_batch=N``; since a request's completion does not depend on its batch, both arms generate the
+same tokens, which the script checks. Besides wall-clock rates it reports the seconds spent reading prompts
+(prefill, up to the first new token) and decoding, because batching speeds up only the latter on a CPU.
+
+    python bench/batching.py                      # prints a report
+    python bench/batching.py --out bench/results/batching.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_model(path: Path, prompts: list[str]) -> int:
+    """Train a BPE tokenizer on ``prompts``, build a random Llama, save both to ``path``; return the parameters."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(prompts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|end|>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def sample_prompts(scenarios) -> list[str]:
+    from nego.agents.prompts import load_template
+    from nego.market.types import Observation
+    from nego.scenarios.scenario import Role
+
+    template = load_template()
+    out = []
+    for sc in scenarios:
+        for role in Role:
+            obs = Observation(sc.view_for(role), (), 1, None)
+            out.extend(m.content for m in template.render(obs, tools=False))
+    return out
+
+
+async def play(backend, scenarios, max_tokens: int):
+    from nego.agents.llm import LLMNegotiator
+    from nego.agents.registry import resolve
+    from nego.market.protocol import ProtocolConfig, run_negotiation
+    from nego.scenarios.scenario import Role
+
+    buyer = resolve("boulware")
+    config = ProtocolConfig(max_retries=0)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *(
+            run_negotiation(
+                sc,
+                LLMNegotiator(backend, role=Role.SELLER, seed=i, max_tokens=max_tokens),
+                buyer(Role.BUYER, i),
+                seed=i,
+                config=config,
+            )
+            for i, sc in enumerate(scenarios)
+        )
+    )
+    wall = time.perf_counter() - start
+    await backend.aclose()
+    return results, wall
+
+
+def arm(path: Path, scenarios, max_batch: int, max_tokens: int) -> dict:
+    from nego.agents.backends.hf import HFBackend
+
+    backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch)
+    results, wall = asyncio.run(play(backend, scenarios, max_tokens))
+    generated = sum(r.usage_seller.completion_tokens for r in results)
+    prompt = sum(r.usage_seller.prompt_tokens for r in results)
+    return {
+        "max_batch": max_batch,
+        "wall_s": wall,
+        "requests": backend.stats.requests,
+        "generate_calls": backend.stats.generate_calls,
+        "largest_batch": backend.stats.largest_batch,
+        "generated_tokens": generated,
+        "prompt_tokens": prompt,
+        "tok_s": generated / wall,
+        "prefill_s": backend.stats.prefill_s,
+        "decode_s": backend.stats.decode_s,
+        "decode_tok_s": generated / backend.stats.decode_s,
+        "raws": [[t.action.raw for t in r.turns] for r in results],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", "--negotiations", type=int, default=32)
+    ap.add_argument("--max-rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report here")
+    args = ap.parse_args()
+
+    import torch
+    from nego.scenarios.generator import generate_scenarios
+
+    torch.set_num_threads(args.threads)
+    scenarios = generate_scenarios(args.negotiations, seed=7, max_rounds=args.max_rounds)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = build_model(Path(tmp), sample_prompts(scenarios))
+        single = arm(Path(tmp), scenarios, 1, args.max_tokens)
+        batched = arm(Path(tmp), scenarios, args.negotiations, args.max_tokens)
+    same = single["raws"] == batched["raws"]
+    lines = [
+        "# HFBackend dynamic batching: generated tokens/s, batched vs max_batch=1 (same run)",
+        f"command: python bench/batching.py {' '.join(sys.argv[1:])}".rstrip(),
+        f"machine: {platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__} CPU, {args.threads} threads",
+        f"model: random Llama, hidden 256, 4 layers, vocab 2000 BPE, {params / 1e6:.2f}M parameters, float32",
+        f"workload: {args.negotiations} concurrent negotiations x {args.max_rounds} seller turns, "
+        f"{args.max_tokens} new tokens per reply, temperature 0.7, per-request seeds",
+        "",
+        f"{'arm':<14}{'wall s':>8}{'requests':>9}{'gen calls':>10}{'prompt tok':>11}{'new tok':>8}"
+        f"{'prefill s':>10}{'decode s':>9}{'new tok/s':>10}{'decode tok/s':>13}",
+    ]
+    for r in (single, batched):
+        lines.append(
+            f"{'max_batch=' + str(r['max_batch']):<14}{r['wall_s']:>8.2f}{r['requests']:>9}{r['generate_calls']:>10}"
+            f"{r['prompt_tokens']:>11}{r['generated_tokens']:>8}{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
+            f"{r['tok_s']:>10.1f}{r['decode_tok_s']:>13.1f}"
+        )
+    lines += [
+        "",
+        f"speed-up, new tokens per wall second: {batched['tok_s'] / single['tok_s']:.1f}x",
+        f"speed-up, new tokens per decoding second: {batched['decode_tok_s'] / single['decode_tok_s']:.1f}x",
+        f"identical transcripts in both arms: {'yes' if same else 'NO'}",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report, end="")
+    if args.out is not None:
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
