@@ -7,6 +7,7 @@ import logging
 import typer
 from rich.console import Console
 
+from .eval_cmd import eval_, report, sweep
 from .scenarios_cmd import app as scenarios_app
 from .serve_cmd import serve_agent
 from .simulate_cmd import simulate
@@ -21,6 +22,9 @@ app = typer.Typer(
 app.command()(simulate)
 app.add_typer(scenarios_app, name="scenarios")
 app.command("serve-agent")(serve_agent)
+app.command("eval")(eval_)
+app.command()(report)
+app.command()(sweep)
 
 
 @app.command()
