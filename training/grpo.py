@@ -44,7 +44,7 @@ def _env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo) -> tuple[Any, Any]:
+def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo, started: float) -> tuple[Any, Any]:
     """The tiny base model: loaded from ``run_dir/base`` if it exists, else built and behaviour-cloned there."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -66,8 +66,21 @@ def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo) -> tuple[Any, Any]:
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:
-        r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
-        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+        # the warm start may use at most a third of the time budget, so GRPO always gets the rest
+        deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
+        r = behaviour_clone(
+            model,
+            tok,
+            traces,
+            steps=cfg.sft_steps,
+            lr=cfg.sft_lr,
+            batch=cfg.sft_batch,
+            seed=cfg.seed,
+            deadline=deadline,
+            echo=echo,
+        )
+        cut = f" (stopped by the time budget at {r.steps}/{cfg.sft_steps})" if r.steps < cfg.sft_steps else ""
+        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s{cut}")
     model.save_pretrained(base)
     tok.save_pretrained(base)
     return model, tok
@@ -207,7 +220,7 @@ def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
     run_dir = run_dir_for(cfg)
     if cfg.is_tiny:
         save_run_config(run_dir, cfg)
-        model, tok = warm_start(cfg, run_dir, echo)
+        model, tok = warm_start(cfg, run_dir, echo, started)
         base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
     else:
         from .hf_model import load_chat_model, model_source

@@ -87,9 +87,20 @@ def _tensors(traces: Sequence[CompactTrace], vocab: dict[str, int]) -> tuple[Any
 
 
 def behaviour_clone(
-    model: Any, tokenizer: Any, traces: Sequence[CompactTrace], *, steps: int, lr: float, batch: int, seed: int
+    model: Any,
+    tokenizer: Any,
+    traces: Sequence[CompactTrace],
+    *,
+    steps: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    deadline: float | None = None,
+    echo: Any = None,
 ) -> SFTResult:
-    """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay)."""
+    """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay).
+
+    Stops early (and says so in the result) once ``time.perf_counter()`` passes ``deadline``."""
     import torch
 
     t0 = time.perf_counter()
@@ -102,7 +113,10 @@ def behaviour_clone(
     gen = torch.Generator().manual_seed(seed)
     model.train()
     first = last = math.nan
+    done = 0
     for step in range(steps):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         idx = torch.randint(0, ids.size(0), (batch,), generator=gen)
         width = int(att[idx].sum(1).max())  # right padding: drop columns no row of this batch uses
         loss = model(input_ids=ids[idx, :width], attention_mask=att[idx, :width], labels=labels[idx, :width]).loss
@@ -113,5 +127,8 @@ def behaviour_clone(
         opt.zero_grad(set_to_none=True)
         last = float(loss.detach())
         first = last if step == 0 else first
+        done = step + 1
+        if echo is not None and done % 50 == 0:
+            echo(f"warm start: step {done}/{steps}, loss {last:.3f}, {time.perf_counter() - t0:.0f}s")
     model.eval()
-    return SFTResult(steps, first, last, time.perf_counter() - t0, len(traces))
+    return SFTResult(done, first, last, time.perf_counter() - t0, len(traces))

@@ -41,6 +41,15 @@ def test_defaults_toml_and_cli_fill_the_same_dataclass(tmp_path):
         load_toml(path)
 
 
+def test_shipped_tomls_load_and_the_tiny_one_is_the_default():
+    from importlib import resources
+
+    folder = resources.files("nego.training")
+    assert load_toml(folder / "tiny.toml") == TrainConfig()
+    gemma = load_toml(folder / "gemma.toml")
+    assert gemma.model == "4.5b" and gemma.finetune == "lora" and gemma.learning_rate == 1e-6
+
+
 def test_cli_errors_are_clear_and_early():
     app = typer.Typer()
     app.command()(train)
