@@ -24,13 +24,19 @@ FAST = RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01, max_ret
 @pytest.fixture
 async def server():
     async with serve(lambda messages: Action.make_offer(OFFER, "hi")) as srv:
+        srv.backends = []
         yield srv
+        for backend in srv.backends:
+            await backend.aclose()
 
 
 def make_backend(kind: str, srv, policy: RetryPolicy = FAST, **kw):
     if kind == "openai":
-        return OpenAIBackend("gpt-fake", base_url=srv.openai_url, api_key=CANARY_KEY, policy=policy, **kw)
-    return AnthropicBackend("claude-fake", base_url=srv.anthropic_url, api_key=CANARY_KEY, policy=policy, **kw)
+        backend = OpenAIBackend("gpt-fake", base_url=srv.openai_url, api_key=CANARY_KEY, policy=policy, **kw)
+    else:
+        backend = AnthropicBackend("claude-fake", base_url=srv.anthropic_url, api_key=CANARY_KEY, policy=policy, **kw)
+    srv.backends.append(backend)
+    return backend
 
 
 def request(tools: bool) -> ChatRequest:
@@ -142,5 +148,5 @@ async def test_api_key_never_leaks(server, kind, caplog):
 async def test_backend_survives_a_change_of_event_loop(server):
     backend = make_backend("openai", server)
     await backend.complete(request(False))
-    backend._per_loop.forget()  # what a fresh asyncio.run sees: no client for this loop yet
+    await backend.aclose()  # closed, or on a fresh event loop: the next call builds a new client
     assert (await backend.complete(request(False))).usage.calls == 1

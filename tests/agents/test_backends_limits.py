@@ -111,3 +111,17 @@ def test_prices_secrets_and_headers(tmp_path):
     assert parse_retry_after("2.5") == 2.5 and parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
+
+
+def test_per_loop_resources_are_rebuilt_on_a_new_event_loop():
+    from nego.agents.backends.limits import PerLoop
+
+    built = []
+    per_loop = PerLoop(lambda: built.append(object()) or built[-1])
+
+    async def use_twice():
+        return per_loop.get(), per_loop.get()
+
+    first = asyncio.run(use_twice())
+    second = asyncio.run(use_twice())
+    assert first[0] is first[1] and second[0] is second[1] and first[0] is not second[0] and len(built) == 2

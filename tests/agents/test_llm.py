@@ -29,13 +29,17 @@ BRAIN = prompt_brain(PLAN, {"seller": 0.6, "buyer": 0.55})
 @pytest.fixture
 async def servers():
     async with serve(BRAIN) as seller_srv, serve(BRAIN) as buyer_srv:
+        seller_srv.backends = []
         yield seller_srv, buyer_srv
+        for backend in seller_srv.backends:
+            await backend.aclose()
 
 
 def pair(servers, seller_tools=True, buyer_tools=False):
     seller_srv, buyer_srv = servers
     sb = OpenAIBackend("seller-model", base_url=seller_srv.openai_url, api_key="k1", policy=FAST)
     bb = AnthropicBackend("buyer-model", base_url=buyer_srv.anthropic_url, api_key="k2", policy=FAST)
+    seller_srv.backends += [sb, bb]
     return (
         LLMNegotiator(sb, role=Role.SELLER, seed=1, use_tools=seller_tools),
         LLMNegotiator(bb, role=Role.BUYER, seed=2, use_tools=buyer_tools),
