@@ -17,6 +17,7 @@ precise enough to be sent back to the model as feedback.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -43,7 +44,11 @@ def issue_schema(issue: Issue) -> dict[str, Any]:
 def action_tools(issues: Iterable[Issue]) -> tuple[ToolSpec, ...]:
     """The three action tools for a scenario: ``make_offer`` (one required property per issue, plus an
     optional ``message``), ``accept`` and ``walk_away`` (an optional ``message`` each)."""
-    issues = tuple(issues)
+    return _action_tools(tuple(issues))
+
+
+@functools.lru_cache(maxsize=256)  # built once per issue set, not once per model call
+def _action_tools(issues: tuple[Issue, ...]) -> tuple[ToolSpec, ...]:
     offer_props: dict[str, Any] = {i.name: issue_schema(i) for i in issues}
     offer_props["message"] = _MESSAGE_SCHEMA
     msg_only = {"type": "object", "properties": {"message": _MESSAGE_SCHEMA}, "required": []}

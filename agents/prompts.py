@@ -48,6 +48,17 @@ FIELDS: dict[str, str] = {
 }
 
 
+STATIC_FIELDS = frozenset(FIELDS) - {
+    "round",
+    "rounds_left",
+    "rounds_left_text",
+    "history",
+    "standing_offer",
+    "feedback",
+}
+"""Fields that do not change during one side's negotiation (computed once per negotiator)."""
+
+
 class TemplateError(ValueError):
     """A prompt template file that cannot be used (missing section, unknown field, unreadable)."""
 
@@ -61,9 +72,10 @@ class PromptTemplate:
     system: Template
     user: Template
 
-    def render(self, obs: Observation, *, tools: bool) -> tuple[ChatMessage, ...]:
-        """The system and user messages for one turn; ``tools`` says whether the action tools are offered."""
-        values = prompt_fields(obs, tools=tools)
+    def render(self, obs: Observation, *, tools: bool, static: dict[str, str] | None = None) -> tuple[ChatMessage, ...]:
+        """The system and user messages for one turn; ``tools`` says whether the action tools are offered.
+        ``static`` may pass :func:`static_fields` computed earlier for the same side and scenario."""
+        values = {**(static or static_fields(obs.scenario, tools=tools)), **turn_fields(obs)}
         return (
             ChatMessage("system", _tidy(self.system.substitute(values))),
             ChatMessage("user", _tidy(self.user.substitute(values))),
@@ -127,11 +139,14 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
 
 def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
     """Every template field for this observation (see :data:`FIELDS`)."""
-    view = obs.scenario
-    role, other = view.role.value, view.role.other.value
+    return {**static_fields(obs.scenario, tools=tools), **turn_fields(obs)}
+
+
+def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
+    """The fields that stay the same for one side during a whole negotiation (see :data:`STATIC_FIELDS`)."""
     return {
-        "role": role,
-        "other_role": other,
+        "role": view.role.value,
+        "other_role": view.role.other.value,
         "product": view.product,
         "context": view.context,
         "brief": f"Your private instructions: {view.brief}\n" if view.brief else "",
@@ -143,6 +158,14 @@ def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
         ),
         "opener": view.opener.value,
         "max_rounds": str(view.max_rounds),
+        "reply_format": _reply_format(view, tools),
+    }
+
+
+def turn_fields(obs: Observation) -> dict[str, str]:
+    """The fields that change from turn to turn."""
+    view = obs.scenario
+    return {
         "round": str(obs.round),
         "rounds_left": str(obs.rounds_left),
         "rounds_left_text": "this is your last turn"
@@ -155,7 +178,6 @@ def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
             if obs.feedback
             else ""
         ),
-        "reply_format": _reply_format(view, tools),
     }
 
 
