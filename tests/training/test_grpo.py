@@ -126,6 +126,7 @@ def test_parameters_change_and_models_are_registered(run):
     r = asyncio.run(run_negotiation(sc, factory(Role.SELLER, 0), resolve("tft")(Role.BUYER, 0)))
     assert r.outcome.turns >= 1
     assert lookup("4.5b-rl") is None
+    assert resolve("tiny-rl").spec == "tiny-rl"  # what `--sellers tiny-rl` goes through
 
 
 def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
