@@ -1,11 +1,18 @@
 """An in-process transformers backend that batches generation across concurrent negotiations.
 
 Every negotiation that waits on the model puts its request in a queue; one batcher task takes up to
-``max_batch`` waiting requests (waiting at most ``window_ms`` for more to arrive), left-pads them into one
-batch, runs one ``generate`` call in a worker thread (so the event loop keeps serving the market meanwhile),
-and hands each request its own completion. Sampling draws each row's tokens from that request's own seeded
-``torch.Generator``, so a request's completion does not depend on which other requests shared its batch
-(up to floating-point differences from padding, which can only matter at near-exact ties).
+``max_batch`` waiting requests (waiting at most ``window_ms`` for more to arrive), generates for all of them
+in a worker thread (so the event loop keeps serving the market meanwhile), and hands each request its own
+completion. Sampling draws each row's tokens from that request's own seeded ``torch.Generator``, so a
+request's completion does not depend on which other requests shared its batch (up to floating-point
+differences from padding, which can only matter at near-exact ties).
+
+How a batch is generated depends on the model's cache. Where every layer keeps a plain full-attention cache
+(Llama-like models), each prompt is read on its own, in fixed chunks, reusing the states of a recently read
+prompt that starts the same way (the previous turn of the same negotiation); the rows' states are then
+merged into one left-padded static cache and decoded together. Reading prompts is compute-bound, so a
+padded batch only adds work there, while decoding one token for many rows costs little more than for one.
+Models with sliding-window or shared key-value layers (Gemma 2-4) take one left-padded ``generate`` call.
 
 Checkpoints load with ``AutoModelForCausalLM``; multimodal checkpoints that only map to an image-text-to-text
 class (some Gemma sizes) fall back to ``AutoModelForImageTextToText`` and are driven with text only. Replies
@@ -16,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +65,16 @@ class BatchStats:
     largest_batch: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    prompt_tokens_reused: int = 0
+
+
+@dataclass(frozen=True)
+class _Prefilled:
+    """One prompt after reading it: its length, each layer's (keys, values), the next token's logits."""
+
+    length: int
+    kv: list[tuple[Any, Any]]
+    logits: Any
 
 
 class HFBackend:
@@ -75,9 +94,15 @@ class HFBackend:
         max_batch: int = 32,
         window_ms: float = 5.0,
         static_cache: bool | None = None,
+        split_prefill: bool | None = None,
+        prefill_chunk: int = 64,
+        prefix_cache_mb: float = 256.0,
     ) -> None:
-        if max_batch < 1 or window_ms < 0:
-            raise ValueError(f"max_batch must be >= 1 and window_ms >= 0, got {max_batch}, {window_ms}")
+        if max_batch < 1 or window_ms < 0 or prefill_chunk < 1 or prefix_cache_mb < 0:
+            raise ValueError(
+                "max_batch and prefill_chunk must be >= 1, window_ms and prefix_cache_mb >= 0; got "
+                f"{max_batch}, {prefill_chunk}, {window_ms}, {prefix_cache_mb}"
+            )
         if not getattr(tokenizer, "chat_template", None):
             raise BackendError(
                 f"{name}: the tokenizer has no chat template; use an instruction-tuned (chat) checkpoint "
@@ -94,6 +119,13 @@ class HFBackend:
             # a preallocated one avoids that (on GPUs the copy is cheap and static shapes would trigger compilation)
             static_cache = model.device.type == "cpu" and bool(getattr(model, "_can_compile_fullgraph", False))
         self.static_cache = static_cache
+        why_not = _why_not_split(model)
+        if split_prefill and why_not:
+            raise BackendError(f"{name}: split_prefill is not possible: {why_not}; leave it unset")
+        self.split_prefill = not why_not if split_prefill is None else split_prefill
+        self.prefill_chunk = prefill_chunk
+        budget = int(prefix_cache_mb * 2**20)
+        self._prefixes = _PrefixCache(budget) if self.split_prefill and budget > 0 else None
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -117,12 +149,15 @@ class HFBackend:
         max_batch: int = 32,
         window_ms: float = 5.0,
         static_cache: bool | None = None,
+        split_prefill: bool | None = None,
     ) -> HFBackend:
         """Load a tokenizer and model from a local directory or a Hugging Face hub id.
 
         ``device`` defaults to CUDA when available, else CPU; ``dtype`` ("bfloat16", "float16", "float32",
         "float64") defaults to bfloat16 on a GPU that supports it and float32 otherwise. ``static_cache``
-        preallocates the key-value cache (default: on CPU, for models that support it). With
+        preallocates the key-value cache of the plain ``generate`` path (default: on CPU, for models that support
+        it); ``split_prefill`` chooses the read-alone, decode-together path (default: wherever the model's cache
+        allows it; True raises if it does not). With
         ``HF_HUB_OFFLINE=1`` a hub id loads only from the local cache.
         """
         torch, transformers = _require_torch_transformers()
@@ -141,6 +176,7 @@ class HFBackend:
             max_batch=max_batch,
             window_ms=window_ms,
             static_cache=static_cache,
+            split_prefill=split_prefill,
         )
 
     # ------------------------------------------------------------------------------------------ serving
@@ -216,8 +252,8 @@ class HFBackend:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _run_batch(self, requests: list[ChatRequest]) -> list[tuple[str, int, int] | Exception]:
-        """Encode, left-pad, generate once for the whole batch, and split the completions (worker thread)."""
-        torch, transformers = _require_torch_transformers()
+        """Encode, generate for the whole batch, and split the completions (worker thread)."""
+        torch, _ = _require_torch_transformers()
         encoded: list[list[int] | Exception] = []
         for r in requests:
             try:
@@ -228,41 +264,135 @@ class HFBackend:
         out: list[tuple[str, int, int] | Exception] = list(encoded)  # type: ignore[arg-type]
         if not rows:
             return out
-        width = max(len(ids) for _, ids in rows)
-        device = self.lm.device
-        input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for _, ids in rows], device=device)
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in rows], device=device)
         chosen = [requests[i] for i, _ in rows]
-        sampler = _RowSampler(torch, [(r.temperature, r.seed) for r in chosen], device)
+        sampler = _RowSampler(torch, [(r.temperature, r.seed) for r in chosen], self.lm.device)
+        limits = [r.max_tokens for r in chosen]
+        with torch.inference_mode():
+            if self.split_prefill:
+                generated = self._generate_split([ids for _, ids in rows], limits, sampler)
+            else:
+                generated = self._generate_plain([ids for _, ids in rows], limits, sampler)
+        self.stats.generate_calls += 1
+        self.stats.requests += len(rows)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(rows))
+        for (i, ids), tokens in zip(rows, generated, strict=True):
+            end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
+            completion = tokens if end is None else tokens[:end]
+            used = len(tokens) if end is None else end + 1
+            out[i] = (self.tokenizer.decode(completion, skip_special_tokens=True), len(ids), used)
+        return out
+
+    def _generate_plain(self, prompts: list[list[int]], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+        """One left-padded ``generate`` call for every row: the path for caches that cannot be merged."""
+        torch, transformers = _require_torch_transformers()
+        width = max(len(ids) for ids in prompts)
+        device = self.lm.device
+        input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=device)
         config = transformers.GenerationConfig(
             do_sample=False,
-            max_new_tokens=max(r.max_tokens for r in chosen),
+            max_new_tokens=max(limits),
             eos_token_id=list(self.eos_ids),
             pad_token_id=self.pad_id,
             cache_implementation="static" if self.static_cache else None,
             disable_compile=True,  # batch shapes change from call to call: compiling would recompile each time
         )
         started = time.perf_counter()
-        with torch.inference_mode():
-            generated = self.lm.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                generation_config=config,
-                logits_processor=transformers.LogitsProcessorList([sampler]),
-            )
+        generated = self.lm.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            generation_config=config,
+            logits_processor=transformers.LogitsProcessorList([sampler]),
+        )
         first_logits = sampler.first_call_at or started
         self.stats.prefill_s += first_logits - started
         self.stats.decode_s += time.perf_counter() - first_logits
-        self.stats.generate_calls += 1
-        self.stats.requests += len(rows)
-        self.stats.largest_batch = max(self.stats.largest_batch, len(rows))
-        for row, ((i, ids), r) in enumerate(zip(rows, chosen, strict=True)):
-            tokens = generated[row, width:].tolist()[: r.max_tokens]
-            end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
-            completion = tokens if end is None else tokens[:end]
-            used = len(tokens) if end is None else end + 1
-            out[i] = (self.tokenizer.decode(completion, skip_special_tokens=True), len(ids), used)
-        return out
+        return [generated[row, width:].tolist()[:limit] for row, limit in enumerate(limits)]
+
+    def _generate_split(self, prompts: list[list[int]], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+        """Read each prompt on its own (no padding, the fast causal attention path, a shared prefix reused), then
+        decode every row together in one batch over a merged, left-padded, preallocated key-value cache."""
+        started = time.perf_counter()
+        prefilled = [self._prefill(ids) for ids in prompts]
+        self.stats.prefill_s += time.perf_counter() - started
+        started = time.perf_counter()
+        tokens = self._decode(prefilled, limits, sampler)
+        self.stats.decode_s += time.perf_counter() - started
+        return tokens
+
+    def _prefill(self, ids: list[int]) -> _Prefilled:
+        """The key-value states and the next-token logits of one prompt, read in fixed chunks.
+
+        Chunk boundaries sit at multiples of ``prefill_chunk`` whether or not a cached prefix is reused, so a
+        prompt's states are computed by the same operations on the same operands either way, and a reused
+        prefix gives bit-identical results to reading the prompt from scratch.
+        """
+        torch, transformers = _require_torch_transformers()
+        device, step = self.lm.device, self.prefill_chunk
+        reused, states = self._prefixes.lookup(ids, step) if self._prefixes is not None else (0, [])
+        cache = transformers.DynamicCache(config=self.lm.config)
+        for layer, (keys, values) in enumerate(states):
+            cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+        self.stats.prompt_tokens_reused += reused
+        out = None
+        for start in range(reused, len(ids), step):
+            chunk = ids[start : start + step]
+            out = self.lm(
+                input_ids=torch.tensor([chunk], device=device),
+                position_ids=torch.arange(start, start + len(chunk), device=device)[None],
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        assert out is not None  # a lookup always leaves at least one token to read
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        if self._prefixes is not None:
+            self._prefixes.store(ids, kv, step)
+        return _Prefilled(len(ids), kv, out.logits[0, -1])
+
+    def _decode(self, prefilled: list[_Prefilled], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+        """Sample every row's tokens together: rows sit left-padded in one static cache; a boolean mask hides the
+        padding and each row keeps its own positions, so a row attends to exactly what it would alone."""
+        torch, transformers = _require_torch_transformers()
+        rows, width, steps = len(prefilled), max(p.length for p in prefilled), max(limits)
+        cache = transformers.StaticCache(config=self.lm.config, max_cache_len=width + steps)
+        for layer_idx, layer in enumerate(cache.layers):
+            keys, values = prefilled[0].kv[layer_idx]
+            layer.lazy_initialization(
+                keys.new_empty((rows, keys.shape[1], 1, keys.shape[3])),
+                values.new_empty((rows, values.shape[1], 1, values.shape[3])),
+            )
+            for row, p in enumerate(prefilled):
+                keys, values = p.kv[layer_idx]
+                layer.keys[row, :, width - p.length : width] = keys[0, :, : p.length]
+                layer.values[row, :, width - p.length : width] = values[0, :, : p.length]
+            layer.cumulative_length.fill_(width)
+        device = self.lm.device
+        visible = torch.zeros((rows, width + steps), dtype=torch.bool, device=device)
+        for row, p in enumerate(prefilled):
+            visible[row, width - p.length : width] = True
+        positions = torch.tensor([[p.length] for p in prefilled], device=device)
+        logits = torch.stack([p.logits for p in prefilled])
+        tokens: list[list[int]] = [[] for _ in prefilled]
+        open_rows = set(range(rows))
+        for step in range(steps):
+            picked = sampler.pick(logits)
+            for row, token in enumerate(picked.tolist()):
+                if row in open_rows:
+                    tokens[row].append(token)
+                    if token in self.eos_ids or len(tokens[row]) >= limits[row]:
+                        open_rows.discard(row)
+            if not open_rows:
+                break
+            visible[:, width + step] = True
+            logits = self.lm(
+                input_ids=picked[:, None],
+                position_ids=positions + step,
+                attention_mask=visible[:, None, None, :],
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        return tokens
 
 
 class _RowSampler:
@@ -281,6 +411,16 @@ class _RowSampler:
                 gen.manual_seed(seed if seed is not None else secrets.randbits(63))
             self.generators.append(gen)
 
+    def pick(self, logits: Any) -> Any:
+        """The next token of every row: the argmax, or a draw from the row's own generator."""
+        torch = self.torch
+        picked = logits.argmax(dim=-1)
+        for row, (t, gen) in enumerate(zip(self.temperatures, self.generators, strict=True)):
+            if gen is not None:
+                probs = torch.softmax(logits[row].float() / t, dim=-1)
+                picked[row] = torch.multinomial(probs, 1, generator=gen)[0]
+        return picked
+
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
@@ -294,6 +434,77 @@ class _RowSampler:
             out[row].fill_(float("-inf"))
             out[row, token] = 0.0
         return out
+
+
+class _PrefixCache:
+    """The states of recently read prompts, so a prompt that starts like one read before reads only what is new.
+
+    Only whole chunks are kept and reused (see ``HFBackend._prefill``). Bounded in bytes; the least recently
+    used entry goes first.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.used = 0
+        self.entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+
+    def lookup(self, ids: list[int], chunk: int) -> tuple[int, list[tuple[Any, Any]]]:
+        """How many leading tokens of ``ids`` can be reused (whole chunks, always leaving one to read), and the
+        states holding them."""
+        best, best_key = 0, None
+        for key in self.entries:
+            n = _common_prefix(key, ids)
+            if n > best:
+                best, best_key = n, key
+        usable = min(best, len(ids) - 1) // chunk * chunk
+        if best_key is None or usable == 0:
+            return 0, []
+        self.entries.move_to_end(best_key)
+        return usable, self.entries[best_key]
+
+    def store(self, ids: list[int], kv: list[tuple[Any, Any]], chunk: int) -> None:
+        whole = len(ids) // chunk * chunk
+        key = tuple(ids[:whole])
+        if whole == 0 or key in self.entries:
+            return
+        kept = [(k[:, :, :whole].clone(), v[:, :, :whole].clone()) for k, v in kv]
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kept)
+        if size > self.budget:
+            return
+        self.entries[key] = kept
+        self.used += size
+        while self.used > self.budget:
+            _, dropped = self.entries.popitem(last=False)
+            self.used -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in dropped)
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _why_not_split(model: Any) -> str:
+    """Why a batch for ``model`` cannot be read row by row and decoded over one merged cache ('' if it can)."""
+    _, transformers = _require_torch_transformers()
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return "the merged decode passes a boolean attention mask, which only the sdpa attention takes"
+    if getattr(config.get_text_config(decoder=True), "num_kv_shared_layers", 0):
+        return "some layers share another layer's keys and values"
+    wanted = {"cache", "position_ids", "attention_mask", "logits_to_keep"}
+    if not wanted <= set(inspect.signature(model.forward).parameters):
+        return f"the model's forward does not take all of {sorted(wanted)}"
+    static = transformers.StaticCache(config=config, max_cache_len=1).layers
+    dynamic = transformers.DynamicCache(config=config).layers
+    if any(type(layer) is not StaticLayer for layer in static) or any(type(x) is not DynamicLayer for x in dynamic):
+        return "some cache layers are not plain full-attention layers (sliding window, linear attention)"
+    return ""
 
 
 def _fold_system(chat: list[dict[str, str]]) -> list[dict[str, str]]:
