@@ -69,7 +69,7 @@ class TrainConfig:
         metadata={"help": "rule-based sellers imitated in the warm start"},
     )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
-    threads: int = _f(0, "torch CPU threads (0 = all cores)")
+    threads: int = _f(1, "torch CPU threads (0 = all cores; 1 is fastest for the tiny model on a busy machine)")
     time_budget_min: float = _f(14.0, "stop GRPO early (logged) when the whole run reaches this many minutes; 0 = off")
     use_vllm: bool = _f(False, "generate through vLLM via TRL (GPU, needs the vllm extra)")
     vllm_server: str = _f("", "URL of a `trl vllm-serve` server (server mode); empty = colocate")
