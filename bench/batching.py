@@ -11,10 +11,14 @@ seller turn is an invalid action and every negotiation runs its full length: the
 The same run plays the workload twice, once with ``max_batch=1`` (one generate call per request) and once
 with ``max_batch=N``; since a request's completion does not depend on its batch, both arms generate the
 same tokens, which the script checks. Besides wall-clock rates it reports the seconds spent reading prompts
-(prefill, up to the first new token) and decoding, because batching speeds up only the latter on a CPU.
+(prefill, up to the first new token) and decoding, because batching speeds up only the latter on a CPU, and
+how many prompt tokens were not read again because a cached prefix was reused. Both arms take the same
+generation path: by default the backend's own (read prompts alone, reuse prefixes, decode together);
+``--path generate`` forces one left-padded ``generate`` call per batch instead.
 
     python bench/batching.py                      # prints a report
     python bench/batching.py --out bench/results/batching.txt
+    python bench/batching.py --path generate      # the plain transformers generate path, for comparison
 """
 
 from __future__ import annotations
@@ -112,10 +116,10 @@ async def play(backend, scenarios, max_tokens: int):
     return results, wall
 
 
-def arm(path: Path, scenarios, max_batch: int, max_tokens: int) -> dict:
+def arm(path: Path, scenarios, max_batch: int, max_tokens: int, split: bool) -> dict:
     from nego.agents.backends.hf import HFBackend
 
-    backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch)
+    backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch, split_prefill=split)
     results, wall = asyncio.run(play(backend, scenarios, max_tokens))
     generated = sum(r.usage_seller.completion_tokens for r in results)
     prompt = sum(r.usage_seller.prompt_tokens for r in results)
@@ -130,6 +134,7 @@ def arm(path: Path, scenarios, max_batch: int, max_tokens: int) -> dict:
         "tok_s": generated / wall,
         "prefill_s": backend.stats.prefill_s,
         "decode_s": backend.stats.decode_s,
+        "reused": backend.stats.prompt_tokens_reused,
         "decode_tok_s": generated / backend.stats.decode_s,
         "raws": [[t.action.raw for t in r.turns] for r in results],
     }
@@ -141,6 +146,7 @@ def main() -> None:
     ap.add_argument("--max-rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--path", choices=("split", "generate"), default="split", help="generation path, both arms")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
 
@@ -151,8 +157,9 @@ def main() -> None:
     scenarios = generate_scenarios(args.negotiations, seed=7, max_rounds=args.max_rounds)
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(Path(tmp), sample_prompts(scenarios))
-        single = arm(Path(tmp), scenarios, 1, args.max_tokens)
-        batched = arm(Path(tmp), scenarios, args.negotiations, args.max_tokens)
+        split = args.path == "split"
+        single = arm(Path(tmp), scenarios, 1, args.max_tokens, split)
+        batched = arm(Path(tmp), scenarios, args.negotiations, args.max_tokens, split)
     same = single["raws"] == batched["raws"]
     lines = [
         "# HFBackend dynamic batching: generated tokens/s, batched vs max_batch=1 (same run)",
@@ -161,14 +168,15 @@ def main() -> None:
         f"model: random Llama, hidden 256, 4 layers, vocab 2000 BPE, {params / 1e6:.2f}M parameters, float32",
         f"workload: {args.negotiations} concurrent negotiations x {args.max_rounds} seller turns, "
         f"{args.max_tokens} new tokens per reply, temperature 0.7, per-request seeds",
+        f"path (both arms): {args.path}",
         "",
-        f"{'arm':<14}{'wall s':>8}{'requests':>9}{'gen calls':>10}{'prompt tok':>11}{'new tok':>8}"
+        f"{'arm':<14}{'wall s':>8}{'requests':>9}{'gen calls':>10}{'prompt tok':>11}{'reused':>8}{'new tok':>8}"
         f"{'prefill s':>10}{'decode s':>9}{'new tok/s':>10}{'decode tok/s':>13}",
     ]
     for r in (single, batched):
         lines.append(
             f"{'max_batch=' + str(r['max_batch']):<14}{r['wall_s']:>8.2f}{r['requests']:>9}{r['generate_calls']:>10}"
-            f"{r['prompt_tokens']:>11}{r['generated_tokens']:>8}{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
+            f"{r['prompt_tokens']:>11}{r['reused']:>8}{r['generated_tokens']:>8}{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
             f"{r['tok_s']:>10.1f}{r['decode_tok_s']:>13.1f}"
         )
     lines += [

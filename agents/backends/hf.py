@@ -95,7 +95,7 @@ class HFBackend:
         window_ms: float = 5.0,
         static_cache: bool | None = None,
         split_prefill: bool | None = None,
-        prefill_chunk: int = 64,
+        prefill_chunk: int = 128,
         prefix_cache_mb: float = 256.0,
     ) -> None:
         if max_batch < 1 or window_ms < 0 or prefill_chunk < 1 or prefix_cache_mb < 0:
@@ -150,6 +150,8 @@ class HFBackend:
         window_ms: float = 5.0,
         static_cache: bool | None = None,
         split_prefill: bool | None = None,
+        prefill_chunk: int = 128,
+        prefix_cache_mb: float = 256.0,
     ) -> HFBackend:
         """Load a tokenizer and model from a local directory or a Hugging Face hub id.
 
@@ -177,6 +179,8 @@ class HFBackend:
             window_ms=window_ms,
             static_cache=static_cache,
             split_prefill=split_prefill,
+            prefill_chunk=prefill_chunk,
+            prefix_cache_mb=prefix_cache_mb,
         )
 
     # ------------------------------------------------------------------------------------------ serving

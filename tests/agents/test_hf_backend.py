@@ -1,4 +1,5 @@
-"""The in-process transformers backend on a tiny model built here: batching, seeds, usage, loading errors."""
+"""The in-process transformers backend on tiny models built here: batching on both generation paths, prefix
+reuse, seeds, usage, loading errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -24,15 +27,16 @@ NO_SYSTEM_TEMPLATE = (
 )
 
 
-def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE) -> Path:
-    """A byte-level BPE tokenizer with a chat template and a 2-layer Llama (hidden 32), saved like a checkpoint.
+def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE, sliding_window: int | None = None) -> Path:
+    """A byte-level BPE tokenizer with a chat template and a 2-layer Llama (hidden 32), saved like a checkpoint;
+    with ``sliding_window``, a Mistral of the same size whose layers attend only to that many recent tokens.
 
     Weights are drawn wider than usual (std 0.5) so next-token distributions are peaked like a trained
     model's, rather than nearly uniform, which is what greedy decoding meets in practice.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -46,7 +50,8 @@ def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE) -> Pat
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|end|>", pad_token="<pad>")
     fast.chat_template = chat_template
     torch.manual_seed(0)
-    config = LlamaConfig(
+    kind, extra = (LlamaConfig, {}) if sliding_window is None else (MistralConfig, {"sliding_window": sliding_window})
+    config = kind(
         vocab_size=len(fast),
         hidden_size=32,
         intermediate_size=64,
@@ -58,8 +63,9 @@ def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE) -> Pat
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         initializer_range=0.5,
+        **extra,
     )
-    LlamaForCausalLM(config).save_pretrained(path)
+    (LlamaForCausalLM if sliding_window is None else MistralForCausalLM)(config).save_pretrained(path)
     fast.save_pretrained(path)
     return path
 
@@ -74,9 +80,24 @@ def request(i: int, temperature: float, max_tokens: int = 10) -> ChatRequest:
     return ChatRequest(messages, max_tokens=max_tokens, temperature=temperature, seed=100 + i)
 
 
-@pytest.mark.parametrize("static_cache", [True, False])
-async def test_batched_generation_equals_one_at_a_time_with_the_same_seeds(tiny_model, static_cache):
-    backend = HFBackend.from_spec(str(tiny_model), max_batch=8, static_cache=static_cache)
+@pytest.fixture(scope="module")
+def sliding_model(tmp_path_factory) -> Path:
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-sliding"), sliding_window=16)
+
+
+PATHS = {
+    "split": {},
+    "split, no prefix reuse": {"prefix_cache_mb": 0},
+    "split, chunk 7": {"prefill_chunk": 7},
+    "generate, static cache": {"split_prefill": False, "static_cache": True},
+    "generate, dynamic cache": {"split_prefill": False, "static_cache": False},
+}
+
+
+@pytest.mark.parametrize("options", PATHS.values(), ids=PATHS.keys())
+async def test_batched_generation_equals_one_at_a_time_with_the_same_seeds(tiny_model, options):
+    backend = HFBackend.from_spec(str(tiny_model), max_batch=8, **options)
+    assert backend.split_prefill == options.get("split_prefill", True)
     # prompts of different lengths (left padding), greedy and sampled rows and different lengths in one batch
     requests = [request(i, temperature=(0.0, 0.8, 1.3)[i % 3], max_tokens=6 + i) for i in range(8)]
     try:
@@ -89,6 +110,69 @@ async def test_batched_generation_equals_one_at_a_time_with_the_same_seeds(tiny_
     assert [r.usage.completion_tokens for r in together] == [r.usage.completion_tokens for r in alone]
     assert backend.stats.generate_calls - len(requests) < len(requests) and backend.stats.largest_batch > 1
     assert len({r.text for r in alone}) > 1  # the model does produce different completions
+
+
+async def test_a_later_turn_reuses_the_earlier_prompt_and_answers_exactly_as_without_reuse(tiny_model):
+    reusing = HFBackend.from_spec(str(tiny_model), prefill_chunk=4)
+    fresh = HFBackend.from_spec(str(tiny_model), prefill_chunk=4, prefix_cache_mb=0)
+    system = ChatMessage("system", "You sell widgets. Price 120, quantity 5. " * 3)
+    turns = [(system, ChatMessage("user", f"Round {k}: what is your offer? " * k)) for k in (1, 2, 3)]
+    texts: dict[str, list[str]] = {"reusing": [], "fresh": []}
+    try:
+        for name, backend in (("reusing", reusing), ("fresh", fresh)):
+            for k, messages in enumerate(turns):
+                reply = await backend.complete(ChatRequest(messages, max_tokens=8, temperature=0.9, seed=k))
+                texts[name].append(reply.text)
+    finally:
+        await reusing.aclose()
+        await fresh.aclose()
+    assert texts["reusing"] == texts["fresh"]
+    assert reusing.stats.prompt_tokens_reused >= 2 * len(reusing.encode((system,)))
+    assert fresh.stats.prompt_tokens_reused == 0
+
+
+@pytest.fixture(scope="module")
+def prefill_pair(tiny_model):
+    return (
+        HFBackend.from_spec(str(tiny_model), prefill_chunk=5),
+        HFBackend.from_spec(str(tiny_model), prefill_chunk=5, prefix_cache_mb=0),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prefix=st.lists(st.integers(6, 300), min_size=1, max_size=30),
+    first=st.lists(st.integers(6, 300), max_size=12),
+    second=st.lists(st.integers(6, 300), max_size=12),
+)
+def test_reading_a_prompt_after_a_cached_prefix_is_bit_identical_to_reading_it_whole(
+    prefill_pair, prefix, first, second
+):
+    import torch
+
+    reusing, fresh = prefill_pair
+    with torch.inference_mode():
+        reusing._prefill(prefix + first)
+        got, want = reusing._prefill(prefix + second), fresh._prefill(prefix + second)
+    assert got.length == want.length == len(prefix) + len(second)
+    assert torch.equal(got.logits, want.logits)
+    for (gk, gv), (wk, wv) in zip(got.kv, want.kv, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
+async def test_a_sliding_window_model_takes_the_generate_path_and_still_batches_exactly(sliding_model):
+    with pytest.raises(BackendError, match=r"split_prefill is not possible: .*sliding window"):
+        HFBackend.from_spec(str(sliding_model), split_prefill=True)
+    backend = HFBackend.from_spec(str(sliding_model), max_batch=4)
+    assert not backend.split_prefill
+    requests = [request(i, temperature=(0.0, 1.1)[i % 2], max_tokens=20) for i in range(4)]
+    try:
+        alone = [await backend.complete(r) for r in requests]
+        together = await asyncio.gather(*(backend.complete(r) for r in requests))
+    finally:
+        await backend.aclose()
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert backend.stats.largest_batch > 1 and backend.stats.prompt_tokens_reused == 0
 
 
 async def test_sampling_follows_the_seed_and_usage_counts_tokens(tiny_model):
