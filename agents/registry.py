@@ -171,8 +171,11 @@ def _model_specs_module():
         return None
 
 
-def resolve(spec: str) -> NegotiatorFactory:
-    """The factory for ``spec``; raises :class:`UnknownSpecError` naming the known specs if there is none."""
+def resolve(spec: str, settings: object | None = None) -> NegotiatorFactory:
+    """The factory for ``spec``; raises :class:`UnknownSpecError` naming the known specs if there is none.
+
+    ``settings`` (an :class:`nego.agents.model_specs.LLMSettings`) configures model specs: prompt template, server,
+    tools, sampling, limits and prices; rule specs ignore it."""
     if not isinstance(spec, str) or not spec.strip():
         raise UnknownSpecError(
             f"a negotiator spec must be a non-empty string, got {spec!r}; known: {', '.join(known_specs())}"
@@ -184,7 +187,7 @@ def resolve(spec: str) -> NegotiatorFactory:
         return _resolve_rule(spec, name, text if colon else None)
     module = _model_specs_module()
     if module is not None:
-        factory = module.resolve_model_spec(spec)
+        factory = module.resolve_model_spec(spec, settings)
         if factory is not None:
             return factory
     raise UnknownSpecError(f"unknown negotiator spec {spec!r}; known: {', '.join(known_specs())}")

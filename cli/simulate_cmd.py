@@ -19,6 +19,18 @@ from rich.console import Console
 from rich.table import Table
 
 from .live import LiveView, MarketWatch, PlainProgress, stats_table
+from .model_options import (
+    BaseUrl,
+    MaxTokens,
+    ModelOptions,
+    PerKind,
+    Prices,
+    Temperature,
+    Template,
+    Tools,
+    close_factories,
+    parse_per_kind,
+)
 
 DEFAULT_SELLERS = "boulware,linear,conceder,tft"
 DEFAULT_BUYERS = "boulware,conceder,tft,walker"
@@ -43,6 +55,7 @@ class SimulateConfig:
     max_retries: int = 2
     turn_timeout_s: float | None = None
     out: Path | None = None
+    model: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self) -> None:
         for name in ("days", "negotiations", "inventory", "demand", "concurrency"):
@@ -91,7 +104,8 @@ def run_simulation(
     from nego.agents.registry import resolve
     from nego.market.population import BuyerSetup, MarketModel, SellerSetup
 
-    factories = {spec: resolve(spec) for spec in {*cfg.sellers, *cfg.buyers}}  # fail fast on a bad spec
+    settings = cfg.model.settings()
+    factories = {spec: resolve(spec, settings) for spec in {*cfg.sellers, *cfg.buyers}}  # fail fast on a bad spec
     scenarios = load_scenario_source(cfg.scenarios) if cfg.scenarios else None
     sellers = [SellerSetup(cfg.sellers[i % len(cfg.sellers)], cfg.inventory) for i in range(cfg.negotiations)]
     buyers = [BuyerSetup(cfg.buyers[i % len(cfg.buyers)], cfg.demand) for i in range(cfg.negotiations)]
@@ -117,12 +131,15 @@ def run_simulation(
         writer=writer,
     )
     with model, writer:
-        if live:
-            with LiveView(watch, console=console):
+        try:
+            if live:
+                with LiveView(watch, console=console):
+                    days = model.run()
+            else:
+                bus.subscribe(PlainProgress(watch, console))
                 days = model.run()
-        else:
-            bus.subscribe(PlainProgress(watch, console))
-            days = model.run()
+        finally:
+            model.run_coroutine(close_factories(factories.values()))
     negotiations = read_negotiations(cfg.out_dir, latest=True)
     return SimulationResult(cfg.out_dir, negotiations, days, skipped)
 
@@ -202,6 +219,16 @@ def simulate(
         Path | None, typer.Option(help="Transcript directory (default runs/simulate-seed<SEED>); rerun to resume.")
     ] = None,
     live: Annotated[bool | None, typer.Option("--live/--no-live", help="Rich live view (default: on a TTY).")] = None,
+    per_kind: PerKind = None,
+    base_url: BaseUrl = None,
+    template: Template = None,
+    tools: Tools = None,
+    temperature: Temperature = None,
+    max_tokens: MaxTokens = None,
+    prices: Prices = None,
+    turn_timeout: Annotated[
+        float | None, typer.Option(help="Seconds one move may take; past it the negotiation ends as an error.")
+    ] = None,
 ) -> None:
     """Run a marketplace of negotiating sellers and buyers over market days and summarise it."""
     console = Console()
@@ -217,6 +244,9 @@ def simulate(
             inventory=inventory,
             demand=demand,
             out=out,
+            per_kind=parse_per_kind(per_kind),
+            turn_timeout_s=turn_timeout,
+            model=ModelOptions(base_url, template, tools, prices, temperature, max_tokens),
         )
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, console=console, live=use_live and console.is_terminal)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import mesa
 import numpy as np
@@ -31,6 +31,8 @@ from .types import EndReason, NegotiationResult, Offer
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
+
+T = TypeVar("T")
 
 QUANTITY_ISSUES = ("quantity", "units", "volume", "qty")
 
@@ -299,6 +301,12 @@ class MarketModel(mesa.Model):
             "money": pl.Float64,
         }
         return pl.DataFrame(rows, schema=schema, orient="row")
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the model's own event loop (e.g. to close clients bound to it)."""
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        return self._runner.run(coro)
 
     def close(self) -> None:
         if self._runner is not None:

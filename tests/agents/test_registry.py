@@ -74,7 +74,7 @@ def test_model_specs_module_is_consulted_and_its_errors_propagate(monkeypatch):
         def __call__(self, role, seed):
             raise AssertionError("not built in this test")
 
-    def resolve_model_spec(spec):
+    def resolve_model_spec(spec, settings=None):
         if spec == "angry:x":
             raise ValueError("angry: bad model name 'x'")
         return Fake() if spec.startswith("fake:") else None

@@ -1,0 +1,81 @@
+"""Command-line options for model specs (server, prompt template, tools, sampling, prices), shared by commands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+BaseUrl = Annotated[
+    str | None,
+    typer.Option(help="OpenAI-compatible server for openai: specs and size aliases (e.g. a `vllm serve` URL)."),
+]
+Template = Annotated[str | None, typer.Option(help="Prompt template for model agents: a name or a file path.")]
+Tools = Annotated[
+    bool | None,
+    typer.Option("--tools/--no-tools", help="Actions as tool calls (default: for OpenAI and Anthropic models)."),
+]
+Prices = Annotated[Path | None, typer.Option(help="Price table (TOML/JSON, USD per 1M tokens) for cost accounting.")]
+Temperature = Annotated[float | None, typer.Option(help="Sampling temperature of model agents.")]
+MaxTokens = Annotated[int | None, typer.Option(help="Most tokens a model agent may write per move.")]
+PerKind = Annotated[
+    str | None, typer.Option(help="Concurrency caps per agent kind, e.g. 'openai=16,anthropic=8,hf=32'.")
+]
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What the command line says about model agents; empty means the defaults and the environment."""
+
+    base_url: str | None = None
+    template: str | None = None
+    tools: bool | None = None
+    prices: Path | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def settings(self) -> Any:
+        """The :class:`nego.agents.model_specs.LLMSettings` these options describe (environment for the rest)."""
+        from nego.agents.backends.limits import PriceTable
+        from nego.agents.model_specs import LLMSettings
+
+        overrides: dict[str, Any] = {}
+        if self.base_url:
+            overrides["base_url"] = self.base_url
+        if self.template:
+            overrides["template"] = self.template
+        if self.tools is not None:
+            overrides["tools"] = self.tools
+        if self.prices is not None:
+            overrides["prices"] = PriceTable.load(self.prices)
+        if self.temperature is not None:
+            overrides["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            overrides["max_tokens"] = self.max_tokens
+        return LLMSettings.from_env(**overrides)
+
+
+def parse_per_kind(text: str | None) -> dict[str, int]:
+    """'openai=16,hf=32' -> {'openai': 16, 'hf': 32}; raises ValueError naming the bad entry."""
+    caps: dict[str, int] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        kind, eq, value = item.partition("=")
+        try:
+            caps[kind.strip()] = int(value)
+        except ValueError:
+            eq = ""
+        if not eq or not kind.strip() or caps.get(kind.strip(), 0) < 1:
+            raise ValueError(f"--per-kind entry {item.strip()!r} must look like KIND=N with N >= 1")
+    return caps
+
+
+async def close_factories(factories: Any) -> None:
+    """Close the clients that model factories hold (HTTP sessions, batchers); rule factories hold none."""
+    for factory in factories:
+        aclose = getattr(factory, "aclose", None)
+        if aclose is not None:
+            await aclose()
