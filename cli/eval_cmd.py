@@ -10,6 +10,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .model_options import (
+    BaseUrl,
+    MaxTokens,
+    ModelOptions,
+    PerKind,
+    Prices,
+    Temperature,
+    Template,
+    Tools,
+    parse_per_kind,
+)
+
 
 def _console() -> Console:
     """A console wide enough for the summary table when the output is not a terminal (logs, pipes)."""
@@ -74,6 +86,13 @@ def eval_(
     resamples: Annotated[int, typer.Option(help="Bootstrap and permutation resamples (>= 1000).")] = 10_000,
     seed: Annotated[int, typer.Option(help="Seed of the resampling.")] = 0,
     gap: Annotated[bool, typer.Option(help="Compute the optimality gap against rule-based buyers.")] = True,
+    per_kind: PerKind = None,
+    base_url: BaseUrl = None,
+    template: Template = None,
+    tools: Tools = None,
+    temperature: Temperature = None,
+    max_tokens: MaxTokens = None,
+    prices: Prices = None,
 ) -> None:
     """Evaluate seller arms on a frozen suite against held-out buyers, with paired statistics."""
     from nego.evaluation.config import EvalConfig
@@ -92,8 +111,12 @@ def eval_(
             resamples=resamples,
             seed=seed,
             optimality_gap=gap,
+            per_kind=parse_per_kind(per_kind),
         )
-        result = evaluate(config)
+        from nego.agents.registry import resolve
+
+        settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()
+        result = evaluate(config, factories=lambda spec: resolve(spec, settings))
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

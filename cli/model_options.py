@@ -71,11 +71,3 @@ def parse_per_kind(text: str | None) -> dict[str, int]:
         if not eq or not kind.strip() or caps.get(kind.strip(), 0) < 1:
             raise ValueError(f"--per-kind entry {item.strip()!r} must look like KIND=N with N >= 1")
     return caps
-
-
-async def close_factories(factories: Any) -> None:
-    """Close the clients that model factories hold (HTTP sessions, batchers); rule factories hold none."""
-    for factory in factories:
-        aclose = getattr(factory, "aclose", None)
-        if aclose is not None:
-            await aclose()

@@ -28,7 +28,6 @@ from .model_options import (
     Temperature,
     Template,
     Tools,
-    close_factories,
     parse_per_kind,
 )
 
@@ -139,7 +138,7 @@ def run_simulation(
                 bus.subscribe(PlainProgress(watch, console))
                 days = model.run()
         finally:
-            model.run_coroutine(close_factories(factories.values()))
+            model.run_coroutine(model.market.aclose())
     negotiations = read_negotiations(cfg.out_dir, latest=True)
     return SimulationResult(cfg.out_dir, negotiations, days, skipped)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ class EvalConfig:
     """Seed of the bootstrap and permutation resampling."""
     optimality_gap: bool = True
     """Replay rule-based buyers to compute the optimality gap."""
+    per_kind: Mapping[str, int] = field(default_factory=dict)
+    """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency``."""
 
     def __post_init__(self) -> None:
         if not self.sellers:

@@ -97,8 +97,11 @@ def read_manifest(directory: Path) -> dict:
 async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob]) -> int:
     """Play the jobs missing from the transcripts; returns how many negotiations were played now."""
     with TranscriptWriter(config.out / "transcripts") as writer:
-        market = Marketplace(factories, concurrency=config.concurrency, writer=writer)
-        await market.run([p.job for p in jobs])
+        market = Marketplace(factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer)
+        try:
+            await market.run([p.job for p in jobs])
+        finally:
+            await market.aclose()
         return writer.written
 
 

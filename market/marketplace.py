@@ -138,6 +138,13 @@ class Marketplace:
                 raise KeyError(f"no negotiator factory for spec {spec!r}; known specs: {known}")
         return self._resolved[spec]
 
+    async def aclose(self) -> None:
+        """Close what the factories used so far hold (HTTP sessions, model batchers); call on the loop they ran on."""
+        for factory in self._resolved.values():
+            aclose = getattr(factory, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     async def run(self, jobs: Sequence[Job]) -> list[NegotiationResult]:
         """Play every job (or take its completed result from the transcripts) and return results in job order."""
         ids = [j.negotiation_id for j in jobs]
