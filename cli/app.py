@@ -11,6 +11,7 @@ from .eval_cmd import eval_, report, sweep
 from .scenarios_cmd import app as scenarios_app
 from .serve_cmd import serve_agent
 from .simulate_cmd import simulate
+from .train_cmd import train
 
 app = typer.Typer(
     name="nego",
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.command()(simulate)
 app.add_typer(scenarios_app, name="scenarios")
 app.command("serve-agent")(serve_agent)
+app.command()(train)
 app.command("eval")(eval_)
 app.command()(report)
 app.command()(sweep)
