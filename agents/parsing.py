@@ -22,8 +22,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from nego.market.protocol import check_values
 from nego.market.types import Action, ActionKind, Offer
-from nego.scenarios.issues import InvalidValueError, Issue, IssueKind
+from nego.scenarios.issues import Issue, IssueKind
 
 from .backends.base import ACTION_TOOLS, TOOL_ACCEPT, TOOL_OFFER, TOOL_WALK_AWAY, ChatResponse, ToolCall, ToolSpec
 
@@ -199,22 +200,6 @@ def _checked(
 
 
 def check_offer_values(values: Mapping[str, Any], issues: tuple[Issue, ...]) -> tuple[Offer | None, str | None]:
-    """(normalised offer, None) or (None, every problem found): unknown issues, missing ones, bad values."""
-    names = [i.name for i in issues]
-    problems = []
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        problems.append(f"unknown issue(s) {', '.join(map(repr, unknown))}; the issues are {', '.join(names)}")
-    missing = [n for n in names if n not in values]
-    if missing:
-        problems.append(f"missing value(s) for {', '.join(missing)}: an offer must be complete")
-    out = {}
-    for issue in issues:
-        if issue.name in values:
-            try:
-                out[issue.name] = issue.validate(values[issue.name])
-            except InvalidValueError as e:
-                problems.append(str(e))
-    if problems:
-        return None, "; ".join(problems)
-    return Offer(out), None
+    """(normalised offer, None) or (None, every problem found): the protocol's own check, so a model is told
+    exactly what the protocol would tell it."""
+    return check_values(values, issues)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .model_options import (
+from .options import (
     BaseUrl,
     MaxTokens,
     ModelOptions,
@@ -20,6 +20,7 @@ from .model_options import (
     Template,
     Tools,
     parse_per_kind,
+    parse_specs,
 )
 
 
@@ -27,13 +28,6 @@ def _console() -> Console:
     """A console wide enough for the summary table when the output is not a terminal (logs, pipes)."""
     console = Console()
     return console if console.is_terminal else Console(width=max(console.width, 140))
-
-
-def _specs(text: str, what: str) -> tuple[str, ...]:
-    specs = tuple(s.strip() for s in text.split(",") if s.strip())
-    if not specs:
-        raise typer.BadParameter(f"give at least one {what} spec, comma-separated")
-    return specs
 
 
 def summary_table(comparisons, title: str) -> Table:
@@ -102,10 +96,10 @@ def eval_(
     console = _console()
     try:
         config = EvalConfig(
-            sellers=_specs(sellers, "seller"),
+            sellers=parse_specs(sellers, "seller"),
             out=out or Path("runs") / "eval" / Path(suite).stem,
             suite=suite,
-            buyers=_specs(buyers, "buyer") if buyers else DEFAULT_BUYERS,
+            buyers=parse_specs(buyers, "buyer") if buyers else DEFAULT_BUYERS,
             diagnostic=None if diagnostic.lower() == "none" else diagnostic,
             concurrency=concurrency,
             resamples=resamples,

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .live import LiveView, MarketWatch, PlainProgress, stats_table
-from .model_options import (
+from .options import (
     BaseUrl,
     MaxTokens,
     ModelOptions,
@@ -29,6 +29,7 @@ from .model_options import (
     Template,
     Tools,
     parse_per_kind,
+    parse_specs,
 )
 
 DEFAULT_SELLERS = "boulware,linear,conceder,tft"
@@ -195,13 +196,6 @@ def _cell(v: object) -> str:
     return str(v)
 
 
-def _specs(text: str) -> tuple[str, ...]:
-    specs = tuple(s.strip() for s in text.split(",") if s.strip())
-    if not specs:
-        raise typer.BadParameter("give at least one spec")
-    return specs
-
-
 def simulate(
     sellers: Annotated[str, typer.Option(help="Comma-separated seller specs (see `nego agents`).")] = DEFAULT_SELLERS,
     buyers: Annotated[str, typer.Option(help="Comma-separated buyer specs.")] = DEFAULT_BUYERS,
@@ -233,8 +227,8 @@ def simulate(
     console = Console()
     try:
         cfg = SimulateConfig(
-            sellers=_specs(sellers),
-            buyers=_specs(buyers),
+            sellers=parse_specs(sellers, "seller"),
+            buyers=parse_specs(buyers, "buyer"),
             days=days,
             negotiations=negotiations,
             scenarios=scenarios,

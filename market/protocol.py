@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from nego.scenarios.issues import InvalidValueError
+from nego.scenarios.issues import InvalidValueError, Issue
 from nego.scenarios.scenario import Role, Scenario
 
 from .types import (
@@ -64,24 +64,29 @@ def check_offer(scenario: Scenario, offer: Offer | None) -> tuple[Offer | None, 
                 return offer, None
         except (KeyError, InvalidValueError):
             pass
+    return check_values(offer, issues)
+
+
+def check_values(values: Mapping[str, object], issues: tuple[Issue, ...]) -> tuple[Offer | None, str | None]:
+    """(normalised offer, None) or (None, every problem found): unknown issues, missing ones, bad values."""
     names = [i.name for i in issues]
-    unknown = [k for k in offer if k not in names]
-    missing = [n for n in names if n not in offer]
     problems = []
+    unknown = [k for k in values if k not in names]
     if unknown:
         problems.append(f"unknown issue(s) {', '.join(map(repr, unknown))}; the issues are {', '.join(names)}")
+    missing = [n for n in names if n not in values]
     if missing:
         problems.append(f"missing value(s) for {', '.join(missing)}: an offer must be complete")
-    values = {}
+    normalised = {}
     for issue in issues:
-        if issue.name in offer:
+        if issue.name in values:
             try:
-                values[issue.name] = issue.validate(offer[issue.name])
+                normalised[issue.name] = issue.validate(values[issue.name])
             except InvalidValueError as e:
                 problems.append(str(e))
     if problems:
         return None, "; ".join(problems)
-    return Offer(values), None
+    return Offer(normalised), None
 
 
 async def run_negotiation(

@@ -1,4 +1,5 @@
-"""Command-line options for model specs (server, prompt template, tools, sampling, prices), shared by commands."""
+"""Command-line options shared by commands: agent spec lists, per-kind caps, and model settings (server, prompt
+template, tools, sampling, prices)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,11 @@ def parse_per_kind(text: str | None) -> dict[str, int]:
         if not eq or not kind.strip() or caps.get(kind.strip(), 0) < 1:
             raise ValueError(f"--per-kind entry {item.strip()!r} must look like KIND=N with N >= 1")
     return caps
+
+
+def parse_specs(text: str, what: str) -> tuple[str, ...]:
+    """'a, b,c' -> ('a', 'b', 'c'); a usage error if nothing is left."""
+    specs = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not specs:
+        raise typer.BadParameter(f"give at least one {what} spec, comma-separated")
+    return specs
