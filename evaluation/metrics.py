@@ -15,6 +15,9 @@ group-by. Definitions (``u_s``/``u_b`` seller/buyer utility, ``r_s``/``r_b`` res
 - ``rounds_to_agreement`` (null without a deal), ``invalid_rate`` (invalid seller attempts over all seller
   attempts), ``ir_violation`` (an agreement worth less than the seller's own reservation), ``tokens`` and
   ``cost_usd`` (the seller's).
+
+A negotiation that ended in an error (a backend that kept failing) is not a no-deal: ``error`` is true and every
+outcome metric is null, so means and rates leave it out; its tokens and cost still count.
 """
 
 from __future__ import annotations
@@ -127,6 +130,14 @@ def compute_metrics(
     gaps = gaps or {}
     rows = []
     for r in negotiations.iter_rows(named=True):
+        spent = {
+            "tokens": (r["seller_prompt_tokens"] or 0) + (r["seller_completion_tokens"] or 0),
+            "cost_usd": r["seller_cost_usd"] or 0.0,
+        }
+        if r["end_reason"] == "error":
+            # an error is not a no-deal: its outcome metrics stay null so no mean counts it; what it cost is real
+            rows.append({"negotiation_id": r["negotiation_id"], **spent, "error": True})
+            continue
         f = facts[r["scenario_hash"]]
         deal, u_s, u_b = bool(r["agreed"]), float(r["seller_utility"]), float(r["buyer_utility"])
         attempts = r["turns_seller"] or 0
@@ -142,12 +153,11 @@ def compute_metrics(
                 "rounds_to_agreement": r["rounds"] if deal else None,
                 "invalid_rate": (r["invalid_seller"] or 0) / attempts if attempts else 0.0,
                 "ir_violation": deal and u_s < f.reservation_seller - IR_TOLERANCE,
-                "tokens": (r["seller_prompt_tokens"] or 0) + (r["seller_completion_tokens"] or 0),
-                "cost_usd": r["seller_cost_usd"] or 0.0,
-                "error": r["end_reason"] == "error",
+                **spent,
+                "error": False,
             }
         )
-    values = pl.DataFrame(rows, schema=METRICS_SCHEMA, orient="row")
+    values = pl.DataFrame(rows, schema=METRICS_SCHEMA)
     keys = negotiations.select(
         "negotiation_id",
         pl.col("seller").alias("arm"),
@@ -181,8 +191,10 @@ METRICS_SCHEMA = pl.Schema(
 
 
 def summarise(metrics: pl.DataFrame, by: tuple[str, ...] = ("arm", "buyer")) -> pl.DataFrame:
-    """Means of every metric per group, with n and the number of scenarios; rates for the boolean metrics."""
-    aggs = [pl.len().alias("n"), pl.col("scenario_id").n_unique().alias("scenarios")]
+    """Means of every metric per group over the negotiations that did not end in an error (``n`` of them, over
+    ``scenarios`` scenarios; rates for the boolean metrics), the error count, and the total tokens and cost."""
+    ok = ~pl.col("error")
+    aggs = [ok.sum().alias("n"), pl.col("scenario_id").filter(ok).n_unique().alias("scenarios")]
     for col in METRIC_COLUMNS:
         aggs.append(pl.col(col).cast(pl.Float64).mean().alias(col))
     aggs.append(pl.col("tokens").sum().alias("tokens_total"))
