@@ -33,7 +33,8 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"sweep-{self.size}-lr{self.lr:g}-s{self.seed}"
+        # repr, not a rounded format: two distinct rates must never share a directory or a registered model
+        return f"sweep-{self.size}-lr{float(self.lr)!r}-s{self.seed}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +70,21 @@ def cells(config: SweepConfig) -> list[Cell]:
 
 def _trained(cell: Cell, directory: Path, config: SweepConfig, train_fn: TrainFn, echo) -> TrainedArms:
     marker = directory / "train.json"
+    settings = json.loads(json.dumps(dict(config.train_args)))  # as it reads back from the marker
     if marker.is_file():
         data = json.loads(marker.read_text())
+        if data.get("train_args") != settings:
+            raise ValueError(
+                f"{marker} was trained with settings {data.get('train_args')}, this sweep asks for {settings}: "
+                "use another sweep directory (out) or delete that cell to retrain it"
+            )
         echo(f"{cell.name}: trained before ({data['trained']}), skipping training")
         return TrainedArms(data["base"], data["trained"])
     echo(f"{cell.name}: training")
     arms = train_fn(cell, directory / "train", dict(config.train_args))
     directory.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"base": arms.base, "trained": arms.trained}) + "\n")
+    tmp.write_text(json.dumps({"base": arms.base, "trained": arms.trained, "train_args": settings}) + "\n")
     tmp.replace(marker)
     return arms
 

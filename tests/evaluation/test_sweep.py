@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import polars as pl
@@ -38,6 +39,15 @@ def test_sweep_trains_each_cell_once_and_tabulates_gains(tmp_path, tiny_suite_pa
     again = run_sweep(cfg, train_fn=train, echo=lambda _: None)
     assert len(train.calls) == 3  # finished cells are not trained again
     assert again.select("lr", "group", "gain").equals(study.select("lr", "group", "gain"))
+    changed = dataclasses.replace(cfg, train_args={"steps": 99})
+    with pytest.raises(ValueError, match="trained with settings"):
+        run_sweep(changed, train_fn=train, echo=lambda _: None)  # a stale cell is never reused silently
+    assert len(train.calls) == 3
+
+
+def test_cell_names_keep_distinct_rates_apart():
+    rates = (1e-5, 1.00000001e-5, 3e-6)
+    assert len({Cell("tiny", lr, 0).name for lr in rates}) == 3
 
 
 def test_sweep_config_from_toml(tmp_path):
