@@ -149,7 +149,7 @@ def sweep(config: Annotated[Path, typer.Argument(help="Sweep TOML file with a [s
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    from nego.evaluation.report import format_interval
+    from nego.evaluation.report import format_interval, format_p
 
     table = Table(title=f"gain over base ({cfg.suite})", title_justify="left")
     for name in ("size", "lr", "seed", "buyers", "gain [95% CI]", "p Holm"):
@@ -157,11 +157,11 @@ def sweep(config: Annotated[Path, typer.Argument(help="Sweep TOML file with a [s
     for r in study.iter_rows(named=True):
         table.add_row(
             r["size"],
-            f"{r['lr']:g}",
+            repr(r["lr"]),
             str(r["seed"]),
             r["group"],
             format_interval(r["gain"], r["gain_low"], r["gain_high"], signed=True),
-            f"{r['p_holm']:.4f}",
+            format_p(r["p_holm"]),
         )
     console.print(table)
     console.print(f"study: {cfg.out / 'study.md'}")

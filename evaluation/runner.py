@@ -23,7 +23,7 @@ from nego.market.transcripts import TranscriptWriter, read_negotiations, read_tu
 from .best_response import best_response_value
 from .config import EvalConfig
 from .metrics import compute_metrics
-from .stats import bootstrap_interval, paired_comparison, with_holm
+from .stats import PairedComparison, bootstrap_interval, paired_comparison, with_holm
 from .suites import RECIPES, Suite, load_suite
 
 logger = logging.getLogger(__name__)
@@ -178,51 +178,57 @@ def _groups(metrics: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
     return groups
 
 
+def _arm_row(group: str, arm: str, frame: pl.DataFrame, mine: pl.DataFrame, resamples: int, seed: int) -> dict:
+    ci = bootstrap_interval(mine["score"], mine["scenario_id"], resamples=resamples, seed=seed)
+    return {
+        "group": group,
+        "arm": arm,
+        "n": ci.n,
+        "clusters": ci.clusters,
+        "errors": frame.filter(pl.col("arm") == arm)["error"].sum(),
+        "score": ci.mean,
+        "score_low": ci.low,
+        "score_high": ci.high,
+        "deal_rate": mine["deal"].mean(),
+    }
+
+
+def _gain_columns(c: PairedComparison | None, pairs: int) -> dict:
+    return {
+        "gain": None if c is None else c.gain.mean,
+        "gain_low": None if c is None else c.gain.low,
+        "gain_high": None if c is None else c.gain.high,
+        "pairs": pairs,
+        "p_value": None if c is None else c.p_value,
+        "p_holm": None if c is None else c.p_holm,
+    }
+
+
 def compare(metrics: pl.DataFrame, arms: Sequence[str], *, resamples: int, seed: int) -> pl.DataFrame:
     """Per buyer group (the pooled suite, then each buyer): each arm's score interval and deal rate, and each later
     arm's paired gain over the first with its interval, sign-flip p-value and Holm-adjusted p (across arms within
-    the group). Negotiations that ended in an error are left out of every pair and counted."""
+    the group). Negotiations that ended in an error are left out of every pair and counted; an arm with no pair
+    left gets no gain (and takes no part in the Holm correction)."""
     rows = []
     for group, frame in _groups(metrics):
         ok = frame.filter(~pl.col("error"))
         base = ok.filter(pl.col("arm") == arms[0]).select("key", "scenario_id", pl.col("score").alias("base"))
-        comparisons, arm_rows = [], []
+        arm_rows, tests = [], {}
         for arm in arms:
             mine = ok.filter(pl.col("arm") == arm)
             if mine.is_empty():
                 continue
-            ci = bootstrap_interval(mine["score"], mine["scenario_id"], resamples=resamples, seed=seed)
-            row = {
-                "group": group,
-                "arm": arm,
-                "n": ci.n,
-                "clusters": ci.clusters,
-                "errors": frame.filter(pl.col("arm") == arm)["error"].sum(),
-                "score": ci.mean,
-                "score_low": ci.low,
-                "score_high": ci.high,
-                "deal_rate": mine["deal"].mean(),
-            }
-            if arm != arms[0]:
-                pairs = base.join(mine.select("key", "score"), on="key", how="inner")
-                comparisons.append(
-                    paired_comparison(
-                        pairs["base"], pairs["score"], pairs["scenario_id"], resamples=resamples, seed=seed
-                    )
+            row = _arm_row(group, arm, frame, mine, resamples, seed)
+            pairs = base.join(mine.select("key", "score"), on="key", how="inner")
+            row["pairs"] = None if arm == arms[0] else pairs.height
+            if arm != arms[0] and pairs.height:
+                tests[arm] = paired_comparison(
+                    pairs["base"], pairs["score"], pairs["scenario_id"], resamples=resamples, seed=seed
                 )
             arm_rows.append(row)
-        adjusted = iter(with_holm(comparisons))
+        adjusted = dict(zip(tests, with_holm(list(tests.values())), strict=True))
         for row in arm_rows:
-            c = None if row["arm"] == arms[0] else next(adjusted)
-            row.update(
-                gain=None if c is None else c.gain.mean,
-                gain_low=None if c is None else c.gain.low,
-                gain_high=None if c is None else c.gain.high,
-                pairs=None if c is None else c.gain.n,
-                p_value=None if c is None else c.p_value,
-                p_holm=None if c is None else c.p_holm,
-            )
-            rows.append(row)
+            rows.append(row | _gain_columns(adjusted.get(row["arm"]), row["pairs"]))
     return pl.DataFrame(rows, infer_schema_length=None)
 
 

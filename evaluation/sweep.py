@@ -134,7 +134,10 @@ def run_sweep(
     adjusted = []
     for group in study["group"].unique(maintain_order=True):
         part = study.filter(pl.col("group") == group)
-        adjusted.append(part.with_columns(pl.Series("p_holm", holm(part["p_value"].to_list()))))
+        tested = [p for p in part["p_value"].to_list() if p is not None]  # a cell without pairs has no test
+        holm_ps = iter(holm(tested))
+        p_holm = [None if p is None else next(holm_ps) for p in part["p_value"].to_list()]
+        adjusted.append(part.with_columns(pl.Series("p_holm", p_holm, dtype=pl.Float64)))
     study = pl.concat(adjusted).select(
         "size",
         "lr",
@@ -159,6 +162,10 @@ def run_sweep(
     return study
 
 
+def _num(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
 def write_study_report(study: pl.DataFrame, config: SweepConfig) -> Path:
     """``study.md`` (gain over base per size, rate and buyer) and ``gain_vs_size.png``."""
     from .report import format_interval, format_p, pyplot
@@ -177,9 +184,10 @@ def write_study_report(study: pl.DataFrame, config: SweepConfig) -> Path:
     ]
     for r in study.iter_rows(named=True):
         lines.append(
-            f"| {r['size']} | {r['lr']:g} | {r['seed']} | {r['group']} | {r['n']} | {r['base_score']:.3f} "
+            f"| {r['size']} | {r['lr']!r} | {r['seed']} | {r['group']} | {r['n']} | {_num(r['base_score'], '.3f')} "
             f"| {r['score']:.3f} | {format_interval(r['gain'], r['gain_low'], r['gain_high'], signed=True)} "
-            f"| {format_p(r['p_value'])} | {format_p(r['p_holm'])} | {r['base_deal_rate']:.2f} / {r['deal_rate']:.2f} |"
+            f"| {format_p(r['p_value'])} | {format_p(r['p_holm'])} "
+            f"| {_num(r['base_deal_rate'], '.2f')} / {r['deal_rate']:.2f} |"
         )
     lines += ["", "![gain against size](gain_vs_size.png)", ""]
     path = config.out / "study.md"

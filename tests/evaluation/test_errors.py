@@ -7,7 +7,7 @@ import pytest
 from nego.agents.registry import resolve
 from nego.evaluation.config import EvalConfig
 from nego.evaluation.metrics import summarise
-from nego.evaluation.runner import evaluate
+from nego.evaluation.runner import compare, evaluate
 from nego.evaluation.suites import load_suite
 
 
@@ -81,3 +81,14 @@ def test_errors_are_left_out_of_pairs_and_means_and_counted(run):
     walker = ok.filter(pl.col("buyer") == "walker")
     assert (row["n"], row["errors"], row["scenarios"]) == (6, 2, 3)
     assert row["deal"] == pytest.approx(walker["deal"].mean()) and row["score"] == pytest.approx(walker["score"].mean())
+
+
+def test_an_arm_without_pairs_gets_no_gain_instead_of_failing(run):
+    result, _ = run
+    m = result.metrics.with_columns(
+        error=pl.when(pl.col("arm") == "boulware").then(True).otherwise(pl.col("error"))  # the base always failed
+    )
+    c = compare(m, ("boulware", "flaky"), resamples=1_000, seed=0).filter(pl.col("group") == "suite")
+    assert c["arm"].to_list() == ["flaky"]
+    row = c.row(0, named=True)
+    assert row["pairs"] == 0 and row["gain"] is None and row["p_holm"] is None and row["n"] == 12

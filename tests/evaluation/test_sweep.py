@@ -95,3 +95,25 @@ def test_sweep_with_real_tiny_training(tmp_path, tiny_suite_path, monkeypatch):
     assert all(t.endswith("-rl") for t in suite_rows["trained"])
     assert (tmp_path / "sweep" / "gain_vs_size.png").stat().st_size > 500
     assert os.path.isdir(tmp_path / "sweep" / "cells" / Cell("tiny", 1e-4, 0).name / "train")
+
+
+def test_cli_sweep_runs_a_toml_and_refuses_a_bad_one(tmp_path, tiny_suite_path, monkeypatch):
+    import typer
+    from nego.cli.eval_cmd import sweep
+    from nego.evaluation import sweep as sweep_module
+    from typer.testing import CliRunner
+
+    real = sweep_module.run_sweep
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda cfg, **kw: real(cfg, **kw, train_fn=RuleTraining()))
+    app = typer.Typer()
+    app.command("sweep")(sweep)
+    app.command("noop")(lambda: None)  # two commands, so the name "sweep" is part of the command line
+    path = tmp_path / "study.toml"
+    path.write_text(f'[sweep]\nlearning_rates = [1e-5, 1e-4]\nsuite = "{tiny_suite_path}"\nresamples = 1000\n')
+    res = CliRunner().invoke(app, ["sweep", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "study.md" in res.output and (tmp_path / "study" / "study.md").is_file()
+    assert "1e-05" in res.output and "0.0001" in res.output
+    path.write_text("[sweep]\nlearning_rates = [-1.0]\n")
+    bad = CliRunner().invoke(app, ["sweep", str(path)])
+    assert bad.exit_code == 2 and "learning rates must be positive" in bad.output
