@@ -8,7 +8,7 @@ import typer
 from nego.agents.registry import resolve
 from nego.cli.eval_cmd import eval_, report
 from nego.evaluation.config import EvalConfig
-from nego.evaluation.report import PLOTS, write_report
+from nego.evaluation.report import PLOTS, concession_table, load_run, write_report
 from nego.evaluation.runner import evaluate, plan
 from nego.evaluation.suites import load_suite
 from nego.market.transcripts import read_negotiations
@@ -94,8 +94,29 @@ def test_report_renders_every_plot(tmp_path, tiny_suite_path):
     suite = load_suite(str(tiny_suite_path))
     assert suite.content_hash() in text and "n = 16 negotiations per arm over 4 scenarios" in text
     for name in PLOTS:
-        assert (tmp_path / name).stat().st_size > 1_000
         assert f"]({name})" in text
+        assert coloured_fraction(tmp_path / name) > 0.0005, f"{name} shows no data"
+    run = load_run(tmp_path)
+    assert set(concession_table(run)["arm"]) == set(ARMS)
+
+
+def coloured_fraction(path) -> float:
+    """Share of clearly coloured pixels: axes, text and grids are grey, data drawn in the C0, C1, ... colours."""
+    from matplotlib.image import imread
+
+    rgb = imread(path)[..., :3]
+    return float(((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.25).mean())
+
+
+def test_an_empty_plot_reads_as_empty(tmp_path):
+    from nego.evaluation.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.set_title("nothing")
+    fig.savefig(tmp_path / "empty.png")
+    plt.close(fig)
+    assert coloured_fraction(tmp_path / "empty.png") == 0.0
 
 
 def test_cli_eval_and_report(tmp_path, tiny_suite_path):
