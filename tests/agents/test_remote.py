@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import queue
+import re
+import signal
 import socket
+import subprocess
+import sys
+import threading
 
 import aiohttp
 import pytest
@@ -319,3 +326,32 @@ def test_serve_agent_command_refuses_an_unknown_spec():
     app.command()(serve_agent)
     result = CliRunner().invoke(app, ["no-such-agent", "--port", "0"])
     assert result.exit_code == 2 and "unknown negotiator spec" in result.output
+
+
+async def test_serve_agent_command_prints_a_token_serves_health_and_plays(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NEGO_AGENT_TOKEN"}
+    cmd = [sys.executable, "-m", "nego.cli.app", "serve-agent", "tft", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        said = [lines.get(timeout=60) for _ in range(3)]
+        url = re.search(r"serving tft at (http://127\.0\.0\.1:\d+) ", said[0]).group(1)
+        token = re.fullmatch(r"token: (\S+)  \(clients: export NEGO_AGENT_TOKEN=(\S+)\)\n", said[1]).group(1)
+        assert len(token) >= 24 and f"remote:{url}" in said[2]
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/health") as resp:
+            assert (await resp.json())["agent"] == "tft"
+        wrong = RemoteFactory(url, token=token + "x", backoff_s=0)
+        right = RemoteFactory(url, token=token, backoff_s=0)
+        try:
+            refused = await run_negotiation(make_widget_scenario(), wrong(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+            played = await run_negotiation(make_widget_scenario(), right(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+        finally:
+            await wrong.aclose()
+            await right.aclose()
+        assert "HTTP 401" in refused.outcome.error
+        assert played.outcome.end_reason is not EndReason.ERROR and len(played.turns) >= 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0  # SIGTERM stops it cleanly

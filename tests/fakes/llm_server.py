@@ -2,9 +2,11 @@
 
 It answers with whatever a *brain* decides (a callable from the request's messages to an :class:`Action`),
 in the wire format the request asks for: tool calls when tools were offered, otherwise text with a JSON block.
-A :class:`Control` object steers it: latency, and a queue of faults applied to the next requests (HTTP errors
-with or without ``Retry-After``, a truncated body, empty choices, wrong-typed tool arguments, a missing field,
-an error body that echoes the caller's API key). Every request body is recorded.
+A :class:`Control` object steers it: latency, a queue of faults applied to the next requests (HTTP errors
+with or without ``Retry-After``, a truncated body, empty choices, a missing field, wrong-typed tool arguments, a
+tool call missing an issue, an error body that echoes the caller's API key, a reply held back past the client's
+timeout), and a fault applied to every request while set (a server that is down). Every request body is
+recorded.
 
 Run it standalone (for benchmarks in a separate process): ``python llm_server.py --latency 0.05``; it prints
 ``port=<N>`` on its first line and serves until killed.
@@ -36,7 +38,9 @@ class Fault:
 
     status: int | None = None
     retry_after: str | None = None
-    mode: str | None = None  # "truncated", "empty_choices", "wrong_types", "missing_field", "echo_key"
+    mode: str | None = None  # "truncated", "empty_choices", "wrong_types", "missing_arg", "missing_field", "echo_key"
+    delay_s: float = 0.0
+    """Extra seconds before answering (past the client's timeout: a timed-out try)."""
 
 
 @dataclass
@@ -45,6 +49,8 @@ class Control:
 
     latency_s: float = 0.0
     faults: deque[Fault] = field(default_factory=deque)
+    always: Fault | None = None
+    """Applied to every request while set (after the queue is empty): a server that keeps failing."""
 
     def fail(self, n: int, status: int = 500, retry_after: str | None = None) -> None:
         self.faults.extend(Fault(status=status, retry_after=retry_after) for _ in range(n))
@@ -81,9 +87,10 @@ class FakeLLMServer:
         return self.host
 
     async def _common(self, request: web.Request, messages: list[dict[str, Any]]) -> tuple[Fault | None, Action]:
-        if self.control.latency_s:
-            await asyncio.sleep(self.control.latency_s)
-        fault = self.control.faults.popleft() if self.control.faults else None
+        fault = self.control.faults.popleft() if self.control.faults else self.control.always
+        delay = self.control.latency_s + (fault.delay_s if fault else 0.0)
+        if delay:
+            await asyncio.sleep(delay)
         return fault, self.brain(messages)
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
@@ -95,7 +102,7 @@ class FakeLLMServer:
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if body.get("tools"):
             call = action_to_tool_call(action)
-            args = _wrong_types(call.arguments) if fault and fault.mode == "wrong_types" else call.arguments
+            args = _tool_arguments(call.arguments, fault)
             message["tool_calls"] = [
                 {"id": "call_1", "type": "function", "function": {"name": call.name, "arguments": args}}
             ]
@@ -124,7 +131,7 @@ class FakeLLMServer:
             return _error(fault, request.headers.get("x-api-key") or request.headers.get("Authorization", ""))
         if body.get("tools"):
             call = action_to_tool_call(action)
-            args = _wrong_types(call.arguments) if fault and fault.mode == "wrong_types" else call.arguments
+            args = _tool_arguments(call.arguments, fault)
             content = [{"type": "tool_use", "id": "toolu_1", "name": call.name, "input": json.loads(args)}]
         else:
             content = [{"type": "text", "text": _text_reply(action)}]
@@ -150,8 +157,14 @@ def _text_reply(action: Action) -> str:
     return f"Let me think about the numbers {{not json}} first.\n```json\n{block}\n```\nThat is my move."
 
 
-def _wrong_types(arguments: str) -> str:
+def _tool_arguments(arguments: str, fault: Fault | None) -> str:
+    mode = fault.mode if fault else None
+    if mode not in ("wrong_types", "missing_arg"):
+        return arguments
     args = json.loads(arguments)
+    if mode == "missing_arg":  # drop the first issue of an offer (an accept or walk-away has none to drop)
+        first = next((k for k in args if k != "message"), None)
+        return json.dumps({k: v for k, v in args.items() if k != first})
     return json.dumps({k: (v if k == "message" else f"about {v}") for k, v in args.items()} or {"message": 7})
 
 
@@ -176,7 +189,7 @@ def _error(fault: Fault, credential: str) -> web.Response:
 async def serve(brain: Brain, control: Control | None = None, port: int = 0) -> AsyncIterator[FakeLLMServer]:
     """Serve a fake model on 127.0.0.1 (port 0: any free port) for the duration of the block."""
     server = FakeLLMServer(brain, control)
-    runner = web.AppRunner(server.app, access_log=None)
+    runner = web.AppRunner(server.app, access_log=None, handler_cancellation=True)  # a timed-out try stops here
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
     await site.start()
