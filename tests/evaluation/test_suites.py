@@ -101,3 +101,27 @@ def test_the_training_splits_of_nego_train_hold_no_evaluation_scenario():
         for s in rollout.split_scenarios(split, 1_000):
             assert s.content_hash() not in eval_hashes
             assert problem_fingerprint(s) not in eval_problems
+
+
+def test_held_out_buyers_end_games_differ_from_the_training_pool():
+    import asyncio
+
+    from nego.agents.registry import resolve
+    from nego.market.marketplace import Job, Marketplace
+
+    config = pytest.importorskip("nego.training.config")
+    pool = config.TrainConfig.__dataclass_fields__["train_buyers"].default_factory()
+    families = {spec.split(":")[0] for spec in pool}
+    assert not families & {b.split(":")[0] for b in (*suites.DEFAULT_BUYERS, suites.DIAGNOSTIC_BUYER)}
+    scenarios = load_suite("eval-dev").scenarios[:12]
+    buyers = ("timedep:e=0.5", "timedep:e=3", *suites.DEFAULT_BUYERS)  # both ends of the training pool's range
+    jobs = [Job(s, seller, b, 0) for s in scenarios for seller in ("boulware", "hardliner:accept=0.9") for b in buyers]
+    results = asyncio.run(Marketplace(resolve).run(jobs))
+    walks, thin_deals = dict.fromkeys(buyers, 0), dict.fromkeys(buyers, 0)
+    for job, r in zip(jobs, results, strict=True):
+        walks[job.buyer] += r.outcome.end_reason.value == "walk_away"
+        thin_deals[job.buyer] += r.outcome.agreed and r.outcome.buyer_utility < job.scenario.buyer.reservation + 0.15
+    # training buyers hold out to the deadline and then settle for thin deals; walker leaves a stalled seller;
+    # picky never settles for a barely rational deal
+    assert walks["timedep:e=0.5"] == walks["timedep:e=3"] == 0 and walks["walker"] >= len(jobs) // len(buyers) // 2
+    assert thin_deals["timedep:e=0.5"] > 0 and thin_deals["timedep:e=3"] > 0 and thin_deals["picky"] == 0
