@@ -70,6 +70,17 @@ def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE, slidin
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """These models are tiny: a second intra-op thread only adds waiting, a lot of it on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
@@ -188,6 +199,19 @@ async def test_sampling_follows_the_seed_and_usage_counts_tokens(tiny_model):
     assert first.usage.prompt_tokens == len(backend.encode(r.messages)) and first.usage.calls == 1
     assert 1 <= first.usage.completion_tokens <= 12 and first.usage.latency_s > 0
     assert backend.stats.prefill_s > 0 and backend.stats.decode_s > 0
+
+
+def test_sampling_draws_from_the_tempered_distribution_and_never_a_masked_token():
+    import torch
+    from nego.agents.backends.hf import _RowSampler
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")], [3.0, 0.0, 0.0, 0.0]])
+    sampler = _RowSampler(torch, [(2.0, 7), (0.0, None)], "cpu")
+    picks = torch.stack([sampler.pick(logits) for _ in range(4000)])
+    assert (picks[:, 1] == 0).all()  # temperature 0 is greedy
+    freq = torch.bincount(picks[:, 0], minlength=4).float() / len(picks)
+    assert freq[3] == 0
+    assert torch.allclose(freq, torch.softmax(logits[0] / 2.0, dim=-1), atol=0.03)
 
 
 async def test_the_event_loop_keeps_running_while_the_model_generates(tiny_model):
