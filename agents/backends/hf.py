@@ -423,12 +423,15 @@ class _RowSampler:
         torch = self.torch
         picked = logits.argmax(dim=-1)
         if self.sampled:
-            # inverse-CDF sampling: one uniform draw per row from its own generator, the rest done for all rows
-            # at once (a multinomial call per row cost more than the model's step at 32 rows)
-            cdf = torch.softmax(logits[self.sampled].float() / self.temperatures, dim=-1).cumsum(dim=-1)
-            draws = torch.cat([torch.rand(1, generator=g, device=cdf.device) for g in self.generators])
-            chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True)[:, 0]
-            picked[self.sampled] = chosen.clamp_(max=cdf.shape[-1] - 1)
+            # an exponential race, argmax of p / E with E ~ Exp(1) drawn from the row's generator, is what
+            # torch.multinomial does for one draw; only the noise is drawn per row, the rest runs for all rows at
+            # once. (Inverse-CDF sampling needs one draw per row, but the last-bit differences in logits between
+            # batch sizes move its answer at any of the vocabulary's boundaries, so outputs would depend on the batch.)
+            probs = torch.softmax(logits[self.sampled].float() / self.temperatures, dim=-1)
+            noise = torch.empty_like(probs)
+            for row, gen in enumerate(self.generators):
+                noise[row].exponential_(generator=gen)
+            picked[self.sampled] = (probs / noise).argmax(dim=-1)
         return picked
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
