@@ -16,7 +16,7 @@ how many prompt tokens were not read again because a cached prefix was reused. B
 generation path: by default the backend's own (read prompts alone, reuse prefixes, decode together);
 ``--path generate`` forces one left-padded ``generate`` call per batch instead.
 
-    python bench/batching.py                      # prints a report
+    python bench/batching.py                      # prints a report (3 repeats of both arms)
     python bench/batching.py --out bench/results/batching.txt
     python bench/batching.py --path generate      # the plain transformers generate path, for comparison
 """
@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -120,24 +121,57 @@ def arm(path: Path, scenarios, max_batch: int, max_tokens: int, split: bool) -> 
     from nego.agents.backends.hf import HFBackend
 
     backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch, split_prefill=split)
+    cpu = time.process_time()
     results, wall = asyncio.run(play(backend, scenarios, max_tokens))
+    cpu = time.process_time() - cpu
     generated = sum(r.usage_seller.completion_tokens for r in results)
     prompt = sum(r.usage_seller.prompt_tokens for r in results)
     return {
         "max_batch": max_batch,
         "wall_s": wall,
+        "cpu_s": cpu,
         "requests": backend.stats.requests,
         "generate_calls": backend.stats.generate_calls,
         "largest_batch": backend.stats.largest_batch,
         "generated_tokens": generated,
         "prompt_tokens": prompt,
         "tok_s": generated / wall,
+        "tok_cpu_s": generated / cpu,
         "prefill_s": backend.stats.prefill_s,
         "decode_s": backend.stats.decode_s,
         "reused": backend.stats.prompt_tokens_reused,
         "decode_tok_s": generated / backend.stats.decode_s,
         "raws": [[t.action.raw for t in r.turns] for r in results],
     }
+
+
+def table(pairs: list[tuple[dict, dict]]) -> list[str]:
+    """One line per arm and repeat, then the median speed-ups over the repeats."""
+    lines = [
+        f"{'arm':<14}{'wall s':>8}{'cpu s':>7}{'gen calls':>10}{'prompt tok':>11}{'reused':>8}{'new tok':>8}"
+        f"{'prefill s':>10}{'decode s':>9}{'new tok/s':>10}{'decode tok/s':>13}"
+    ]
+    for single, batched in pairs:
+        for r in (single, batched):
+            lines.append(
+                f"{'max_batch=' + str(r['max_batch']):<14}{r['wall_s']:>8.2f}{r['cpu_s']:>7.2f}"
+                f"{r['generate_calls']:>10}{r['prompt_tokens']:>11}{r['reused']:>8}{r['generated_tokens']:>8}{r['prefill_s']:>10.2f}"
+                f"{r['decode_s']:>9.2f}{r['tok_s']:>10.1f}{r['decode_tok_s']:>13.1f}"
+            )
+
+    def ratios(key: str) -> str:
+        each = [b[key] / s[key] for s, b in pairs]
+        return f"{statistics.median(each):.1f}x (each repeat: {', '.join(f'{x:.1f}x' for x in each)})"
+
+    same = all(s["raws"] == b["raws"] for s, b in pairs)
+    return [
+        *lines,
+        "",
+        f"speed-up, new tokens per wall second: {ratios('tok_s')}",
+        f"speed-up, new tokens per CPU second: {ratios('tok_cpu_s')}",
+        f"speed-up, new tokens per decoding second: {ratios('decode_tok_s')}",
+        f"identical transcripts in both arms: {'yes' if same else 'NO'}",
+    ]
 
 
 def main() -> None:
@@ -147,6 +181,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--path", choices=("split", "generate"), default="split", help="generation path, both arms")
+    ap.add_argument("--repeats", type=int, default=3, help="play both arms this many times, one after the other")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
 
@@ -155,12 +190,16 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     scenarios = generate_scenarios(args.negotiations, seed=7, max_rounds=args.max_rounds)
+    split = args.path == "split"
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(Path(tmp), sample_prompts(scenarios))
-        split = args.path == "split"
-        single = arm(Path(tmp), scenarios, 1, args.max_tokens, split)
-        batched = arm(Path(tmp), scenarios, args.negotiations, args.max_tokens, split)
-    same = single["raws"] == batched["raws"]
+        pairs = [
+            (
+                arm(Path(tmp), scenarios, 1, args.max_tokens, split),
+                arm(Path(tmp), scenarios, args.negotiations, args.max_tokens, split),
+            )
+            for _ in range(args.repeats)
+        ]
     lines = [
         "# HFBackend dynamic batching: generated tokens/s, batched vs max_batch=1 (same run)",
         f"command: python bench/batching.py {' '.join(sys.argv[1:])}".rstrip(),
@@ -168,22 +207,10 @@ def main() -> None:
         f"model: random Llama, hidden 256, 4 layers, vocab 2000 BPE, {params / 1e6:.2f}M parameters, float32",
         f"workload: {args.negotiations} concurrent negotiations x {args.max_rounds} seller turns, "
         f"{args.max_tokens} new tokens per reply, temperature 0.7, per-request seeds",
-        f"path (both arms): {args.path}",
+        f"path (both arms): {args.path}; {args.repeats} repeats, each playing max_batch=1 then max_batch="
+        f"{args.negotiations}",
         "",
-        f"{'arm':<14}{'wall s':>8}{'requests':>9}{'gen calls':>10}{'prompt tok':>11}{'reused':>8}{'new tok':>8}"
-        f"{'prefill s':>10}{'decode s':>9}{'new tok/s':>10}{'decode tok/s':>13}",
-    ]
-    for r in (single, batched):
-        lines.append(
-            f"{'max_batch=' + str(r['max_batch']):<14}{r['wall_s']:>8.2f}{r['requests']:>9}{r['generate_calls']:>10}"
-            f"{r['prompt_tokens']:>11}{r['reused']:>8}{r['generated_tokens']:>8}{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
-            f"{r['tok_s']:>10.1f}{r['decode_tok_s']:>13.1f}"
-        )
-    lines += [
-        "",
-        f"speed-up, new tokens per wall second: {batched['tok_s'] / single['tok_s']:.1f}x",
-        f"speed-up, new tokens per decoding second: {batched['decode_tok_s'] / single['decode_tok_s']:.1f}x",
-        f"identical transcripts in both arms: {'yes' if same else 'NO'}",
+        *table(pairs),
     ]
     report = "\n".join(lines) + "\n"
     print(report, end="")
