@@ -7,7 +7,7 @@ from nego.scenarios.scenario import Role
 
 from .backends.base import ChatBackend, ChatRequest
 from .parsing import action_tools, parse_response
-from .prompts import DEFAULT_TEMPLATE, PromptTemplate, load_template, static_fields
+from .prompts import DEFAULT_TEMPLATE, PromptTemplate, RenderCache, load_template
 
 
 class LLMNegotiator:
@@ -41,7 +41,7 @@ class LLMNegotiator:
         if use_tools and not backend.supports_tools:
             raise ValueError(f"backend {backend.kind}:{backend.model} does not support tools; drop use_tools")
         self.use_tools = backend.supports_tools if use_tools is None else use_tools
-        self._static: tuple[object, dict[str, str]] | None = None  # (scenario view, its static prompt fields)
+        self._cache = RenderCache()  # the protocol hands the same view every turn: fixed parts rendered once
 
     @property
     def prompt_id(self) -> str:
@@ -53,7 +53,7 @@ class LLMNegotiator:
             raise ValueError(f"this negotiator plays the {self.role}, but got an observation for the {obs.role}")
         issues = obs.scenario.issues
         request = ChatRequest(
-            messages=self.template.render(obs, tools=self.use_tools, static=self._static_fields(obs)),
+            messages=self.template.render(obs, tools=self.use_tools, cache=self._cache),
             tools=action_tools(issues) if self.use_tools else (),
             max_tokens=self.max_tokens,
             temperature=self.temperature,
@@ -61,12 +61,6 @@ class LLMNegotiator:
         )
         response = await self.backend.complete(request)
         return parse_response(response, issues, prompt_id=self.prompt_id)
-
-    def _static_fields(self, obs: Observation) -> dict[str, str]:
-        # the protocol hands the same view object every turn: render its fixed part once per negotiation
-        if self._static is None or self._static[0] is not obs.scenario:
-            self._static = (obs.scenario, static_fields(obs.scenario, tools=self.use_tools))
-        return self._static[1]
 
     def call_seed(self, obs: Observation) -> int:
         """A sampling seed per (negotiator seed, round, attempt): a retry samples afresh, a rerun repeats."""

@@ -29,6 +29,7 @@ from nego.scenarios.issues import Issue, IssueKind
 from .backends.base import ACTION_TOOLS, TOOL_ACCEPT, TOOL_OFFER, TOOL_WALK_AWAY, ChatResponse, ToolCall, ToolSpec
 
 TEXT_ACTIONS = {"offer": ActionKind.OFFER, "accept": ActionKind.ACCEPT, "walk_away": ActionKind.WALK_AWAY}
+TRUNCATED_HINT = "write a shorter reply that ends with the action"
 _MAX_SCAN_CHARS = 50_000  # a reply longer than this is cut before scanning: bounded work on hostile input
 
 _MESSAGE_SCHEMA = {"type": "string", "description": "A short message shown to the other side."}
@@ -107,7 +108,10 @@ def parse_response(response: ChatResponse, issues: tuple[Issue, ...], *, prompt_
         # no tool calls, or none usable while the text holds an action block: the text decides
         action, error = _from_text(response.text, issues)
     if action is None:
-        return Action.invalid(raw, error or "no action found", usage=response.usage)
+        error = error or "no action found"
+        if response.truncated:  # say why, or the model is told only that its (cut) reply held no action
+            error += f"; your reply was cut off at the length limit: {TRUNCATED_HINT}"
+        return Action.invalid(raw, error, usage=response.usage)
     return Action(action.kind, action.offer, action.message, raw=raw, usage=response.usage)
 
 

@@ -72,14 +72,55 @@ class PromptTemplate:
     system: Template
     user: Template
 
-    def render(self, obs: Observation, *, tools: bool, static: dict[str, str] | None = None) -> tuple[ChatMessage, ...]:
+    def render(self, obs: Observation, *, tools: bool, cache: RenderCache | None = None) -> tuple[ChatMessage, ...]:
         """The system and user messages for one turn; ``tools`` says whether the action tools are offered.
-        ``static`` may pass :func:`static_fields` computed earlier for the same side and scenario."""
-        values = {**(static or static_fields(obs.scenario, tools=tools)), **turn_fields(obs)}
+        ``cache`` keeps what one side's earlier turns of the same negotiation already rendered (same text)."""
+        cache = cache if cache is not None else RenderCache()
+        static = cache.static(obs.scenario, tools)
+        if cache.system is None or cache.system[0] is not self:
+            system = None  # a section that uses only fixed fields is rendered once per negotiation
+            if set(self.system.get_identifiers()) <= STATIC_FIELDS:
+                system = ChatMessage("system", _tidy(self.system.substitute(static)))
+            cache.system = (self, system)
+        values = {**static, **turn_fields(obs, cache)}
         return (
-            ChatMessage("system", _tidy(self.system.substitute(values))),
+            cache.system[1] or ChatMessage("system", _tidy(self.system.substitute(values))),
             ChatMessage("user", _tidy(self.user.substitute(values))),
         )
+
+
+class RenderCache:
+    """What one side's prompts keep between its turns in one negotiation: the fixed fields, a system message
+    that uses only them, and the history lines already rendered (the history only grows). Everything is
+    rebuilt when the scenario view or the tools setting changes, so a cache can never mix two negotiations."""
+
+    __slots__ = ("_key", "_static", "lines", "moves", "system")
+
+    def __init__(self) -> None:
+        self._key: tuple[ScenarioView, bool] | None = None
+        self._static: dict[str, str] = {}
+        self.system: tuple[PromptTemplate, ChatMessage | None] | None = None
+        self.moves: list[PublicMove] = []
+        self.lines: list[str] = []
+
+    def static(self, view: ScenarioView, tools: bool) -> dict[str, str]:
+        """:func:`static_fields` of ``view``, computed once while the view object stays the same."""
+        if self._key is None or self._key[0] is not view or self._key[1] != tools:
+            self._key, self._static = (view, tools), static_fields(view, tools=tools)
+            self.system, self.moves, self.lines = None, [], []
+        return self._static
+
+    def history_lines(self, history: tuple[PublicMove, ...], view: ScenarioView) -> list[str]:
+        kept = 0
+        for cached, move in zip(self.moves, history, strict=False):
+            if cached is not move and cached != move:
+                break
+            kept += 1
+        del self.moves[kept:], self.lines[kept:]
+        for move in history[kept:]:
+            self.moves.append(move)
+            self.lines.append(_move_line(move, view))
+        return self.lines
 
 
 def builtin_templates() -> list[str]:
@@ -162,8 +203,8 @@ def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
     }
 
 
-def turn_fields(obs: Observation) -> dict[str, str]:
-    """The fields that change from turn to turn."""
+def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str, str]:
+    """The fields that change from turn to turn (``cache``: reuse history lines rendered for earlier turns)."""
     view = obs.scenario
     return {
         "round": str(obs.round),
@@ -171,7 +212,7 @@ def turn_fields(obs: Observation) -> dict[str, str]:
         "rounds_left_text": "this is your last turn"
         if obs.is_last_turn
         else f"{obs.rounds_left} rounds left including this one",
-        "history": _history(obs.history, view),
+        "history": _history(obs.history, view, cache),
         "standing_offer": _standing(obs.standing_offer, view),
         "feedback": (
             f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
@@ -208,21 +249,24 @@ def _priorities(view: ScenarioView) -> str:
     return "\n".join(lines)
 
 
-def _history(history: tuple[PublicMove, ...], view: ScenarioView) -> str:
+def _history(history: tuple[PublicMove, ...], view: ScenarioView, cache: RenderCache | None) -> str:
     if not history:
         return "Nothing yet: no offer has been made."
-    lines = []
-    for move in history:
-        who = f"{move.role.value} (you)" if move.role is view.role else move.role.value
-        if move.kind is ActionKind.OFFER and move.offer is not None:
-            what = f"offered {describe_offer(move.offer, view)} (worth {view.utility(move.offer):.2f} to you)"
-        elif move.kind is ActionKind.ACCEPT:
-            what = "accepted"
-        else:
-            what = "walked away"
-        said = f" Message: {json.dumps(move.message, ensure_ascii=False)}" if move.message else ""
-        lines.append(f"- Round {move.round}, {who}: {what}.{said}")
-    return "\n".join(lines)
+    if cache is not None:
+        return "\n".join(cache.history_lines(history, view))
+    return "\n".join(_move_line(move, view) for move in history)
+
+
+def _move_line(move: PublicMove, view: ScenarioView) -> str:
+    who = f"{move.role.value} (you)" if move.role is view.role else move.role.value
+    if move.kind is ActionKind.OFFER and move.offer is not None:
+        what = f"offered {describe_offer(move.offer, view)} (worth {view.utility(move.offer):.2f} to you)"
+    elif move.kind is ActionKind.ACCEPT:
+        what = "accepted"
+    else:
+        what = "walked away"
+    said = f" Message: {json.dumps(move.message, ensure_ascii=False)}" if move.message else ""
+    return f"- Round {move.round}, {who}: {what}.{said}"
 
 
 def _standing(offer: Offer | None, view: ScenarioView) -> str:

@@ -102,7 +102,8 @@ class SDKBackend:
         u = reply.usage
         cost = self.prices.cost(self.model, u.prompt_tokens, u.completion_tokens)
         latency = time.perf_counter() - start  # across retries: what the negotiation waited
-        return ChatResponse(reply.text, reply.tool_calls, Usage(u.prompt_tokens, u.completion_tokens, latency, cost, 1))
+        usage = Usage(u.prompt_tokens, u.completion_tokens, latency, cost, 1)
+        return ChatResponse(reply.text, reply.tool_calls, usage, reply.truncated)
 
     async def aclose(self) -> None:
         state = self._per_loop.current()

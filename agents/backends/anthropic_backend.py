@@ -71,4 +71,5 @@ class AnthropicBackend(SDKBackend):
         prompt, completion = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
         if not isinstance(prompt, int) or not isinstance(completion, int):
             raise MalformedResponse("the reply has no token usage")
-        return ChatResponse("".join(texts), tuple(calls), Usage(prompt, completion))
+        truncated = getattr(resp, "stop_reason", None) == "max_tokens"
+        return ChatResponse("".join(texts), tuple(calls), Usage(prompt, completion), truncated)

@@ -104,11 +104,13 @@ class ChatRequest:
 
 @dataclass(frozen=True, slots=True)
 class ChatResponse:
-    """A validated model reply: its text (may be empty when it only called tools), its tool calls, its cost."""
+    """A validated model reply: its text (may be empty when it only called tools), its tool calls, its cost.
+    ``truncated`` says the model stopped because it hit ``max_tokens`` (the parser then says so)."""
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
+    truncated: bool = False
 
 
 class BackendError(RuntimeError):

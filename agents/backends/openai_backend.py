@@ -86,7 +86,8 @@ class OpenAIBackend(SDKBackend):
             if not isinstance(name, str) or not isinstance(args, str):
                 raise MalformedResponse("a tool call lacks a string function name or string arguments")
             calls.append(ToolCall(name, args))
-        return ChatResponse(content or "", tuple(calls), self._usage(getattr(resp, "usage", None)))
+        truncated = getattr(choices[0], "finish_reason", None) == "length"
+        return ChatResponse(content or "", tuple(calls), self._usage(getattr(resp, "usage", None)), truncated)
 
     def _usage(self, usage: Any) -> Usage:
         prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)

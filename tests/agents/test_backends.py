@@ -131,6 +131,17 @@ async def test_wrong_typed_tool_arguments_reach_the_parser_as_an_invalid_action(
 
 
 @BOTH
+@pytest.mark.parametrize("tools", [True, False])
+async def test_a_reply_cut_at_max_tokens_is_an_invalid_action_that_says_so(server, kind, tools):
+    server.control.corrupt(1, "length")
+    reply = await make_backend(kind, server).complete(request(tools))
+    action = parse_response(reply, ISSUES)
+    assert reply.truncated and action.kind is ActionKind.INVALID
+    assert "cut off at the length limit" in action.error and "no action found" in action.error
+    assert not (await make_backend(kind, server).complete(request(tools))).truncated
+
+
+@BOTH
 async def test_api_key_never_leaks(server, kind, caplog):
     caplog.set_level(logging.DEBUG)
     backend = make_backend(kind, server)

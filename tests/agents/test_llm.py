@@ -58,6 +58,10 @@ async def test_full_negotiation_reaches_the_scripted_deal(servers, seller_tools,
     assert env["prompt"] == seller.prompt_id and env["prompt"].startswith("negotiator-v1:")
     seeds = [req.body["seed"] for req in servers[0].requests]
     assert len(set(seeds)) == 6  # one sampling seed per round
+    # the free-text message travels to the other side with the binding offer it came with
+    first_buyer_prompt = servers[1].requests[0].body["messages"][-1]["content"]
+    assert "Round 1, seller: offered price=150 USD, quantity=10 units, warranty=1y" in first_buyer_prompt
+    assert 'Message: "round 1 offer"' in first_buyer_prompt
 
 
 async def test_faults_become_retries_invalid_actions_or_error_outcomes(servers):
@@ -104,6 +108,33 @@ def test_prompt_shows_own_priorities_feedback_and_the_reply_format():
     assert "cannot accept now" in user.content
     system, _ = load_template().render(_obs(), tools=True)
     assert "calling exactly one of the tools make_offer, accept, walk_away" in system.content
+
+
+async def test_cached_rendering_is_the_same_text_as_rendering_afresh():
+    from nego.agents.prompts import RenderCache
+    from nego.agents.registry import resolve
+
+    seen: dict[Role, list[Observation]] = {Role.SELLER: [], Role.BUYER: []}
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def act(self, obs):
+            seen[obs.role].append(obs)
+            return await self.inner.act(obs)
+
+    scenario = make_widget_scenario(seller_brief="Keep $$ margins.", max_rounds=8)
+    seller, buyer = resolve("boulware"), resolve("conceder")
+    await run_negotiation(scenario, Recording(seller(Role.SELLER, 1)), Recording(buyer(Role.BUYER, 2)))
+    template, cache = load_template(), RenderCache()
+    # one cache across both sides, both tool settings and a rebuilt (equal, not identical) history
+    sequence = [(o, t) for o in seen[Role.SELLER] for t in (True, False)] + [(o, False) for o in seen[Role.BUYER]]
+    last = seen[Role.BUYER][-1]
+    sequence.append((Observation(last.scenario, tuple(reversed(last.history)), last.round, None), False))
+    assert len(sequence) > 12 and len(last.history) > 4
+    for obs, tools in sequence:
+        assert template.render(obs, tools=tools, cache=cache) == template.render(obs, tools=tools)
 
 
 def test_template_override_from_a_file_and_its_errors(tmp_path):

@@ -144,3 +144,19 @@ async def test_vllm_spec_with_and_without_tools(monkeypatch, tools):
         assert "calling exactly one of the tools" in requests[0].body["messages"][0]["content"]
     raw = read_envelope(results[0].turns[0].action.raw)
     assert bool(raw["tool_calls"]) is tools and bool(raw["text"]) is not tools
+
+
+async def test_a_backend_shared_by_both_sides_never_sends_one_sides_brief_for_the_other(monkeypatch):
+    canary = "CANARY-SELLER-BRIEF-4417"
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    async with serve(BRAIN) as srv:
+        settings = LLMSettings(base_url=srv.openai_url, policy=FAST)
+        scenario = make_widget_scenario(seller_brief=f"Clear old stock first. {canary}")
+        jobs = [Job(scenario, "openai:same", "openai:same", seed) for seed in range(2)]
+        results = await play(jobs, settings)
+        bodies = [json.dumps(r.body) for r in srv.requests]
+    assert all(r.outcome.agreed for r in results)
+    seller = [b for b in bodies if "You are the seller" in b]
+    buyer = [b for b in bodies if "You are the buyer" in b]
+    assert len(seller) + len(buyer) == len(bodies) and len(buyer) >= 10
+    assert all(canary in b for b in seller) and not any(canary in b for b in buyer)

@@ -115,3 +115,19 @@ def test_resolving_specs_imports_no_sdk_until_one_is_needed():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(("spec", "sdk", "module"), [("openai:m", "openai", "openai_backend"),
+                                                     ("anthropic:m", "anthropic", "anthropic_backend")])  # fmt: skip
+def test_a_missing_sdk_fails_at_resolution_with_the_install_hint(monkeypatch, spec, sdk, module):
+    import sys
+
+    import nego.agents.backends as backends
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setitem(sys.modules, sdk, None)  # as if the SDK were not installed
+    monkeypatch.delitem(sys.modules, f"nego.agents.backends.{module}", raising=False)
+    monkeypatch.delattr(backends, module, raising=False)
+    with pytest.raises(ModelSpecError, match=rf"needs the '{sdk}' package.*pip install 'nego\[llm\]'"):
+        resolve_model_spec(spec)

@@ -38,7 +38,9 @@ class Fault:
 
     status: int | None = None
     retry_after: str | None = None
-    mode: str | None = None  # "truncated", "empty_choices", "wrong_types", "missing_arg", "missing_field", "echo_key"
+    mode: str | None = None
+    """Corrupt a 200: "truncated" (half the body), "empty_choices", "missing_field", "wrong_types" or
+    "missing_arg" (tool arguments), "length" (a reply cut at max_tokens); or "echo_key" (an error echoing the key)."""
     delay_s: float = 0.0
     """Extra seconds before answering (past the client's timeout: a timed-out try)."""
 
@@ -100,7 +102,10 @@ class FakeLLMServer:
         if fault is not None and (fault.status or fault.mode == "echo_key"):
             return _error(fault, request.headers.get("Authorization", ""))
         message: dict[str, Any] = {"role": "assistant", "content": None}
-        if body.get("tools"):
+        cut = bool(fault and fault.mode == "length")
+        if cut:
+            message["content"] = _text_reply(action)[:30]
+        elif body.get("tools"):
             call = action_to_tool_call(action)
             args = _tool_arguments(call.arguments, fault)
             message["tool_calls"] = [
@@ -113,7 +118,7 @@ class FakeLLMServer:
             "object": "chat.completion",
             "created": 0,
             "model": body["model"],
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": "length" if cut else "stop"}],
             "usage": _usage(body["messages"], message, "prompt_tokens", "completion_tokens"),
         }
         if fault and fault.mode == "empty_choices":
@@ -129,7 +134,10 @@ class FakeLLMServer:
         fault, action = await self._common(request, messages)
         if fault is not None and (fault.status or fault.mode == "echo_key"):
             return _error(fault, request.headers.get("x-api-key") or request.headers.get("Authorization", ""))
-        if body.get("tools"):
+        cut = bool(fault and fault.mode == "length")
+        if cut:
+            content = [{"type": "text", "text": _text_reply(action)[:30]}]
+        elif body.get("tools"):
             call = action_to_tool_call(action)
             args = _tool_arguments(call.arguments, fault)
             content = [{"type": "tool_use", "id": "toolu_1", "name": call.name, "input": json.loads(args)}]
@@ -141,7 +149,7 @@ class FakeLLMServer:
             "role": "assistant",
             "model": body["model"],
             "content": content,
-            "stop_reason": "tool_use" if body.get("tools") else "end_turn",
+            "stop_reason": "max_tokens" if cut else "tool_use" if body.get("tools") else "end_turn",
             "stop_sequence": None,
             "usage": _usage(messages, content, "input_tokens", "output_tokens"),
         }
