@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from .options import BaseUrl, MaxTokens, ModelOptions, Prices, Temperature, Template, Tools
+
 TOKEN_ENV = "NEGO_AGENT_TOKEN"
 
 
@@ -61,13 +63,20 @@ def serve_agent(
     max_body_kb: Annotated[int, typer.Option(help="Largest request accepted, in KiB (413 past it).")] = 1024,
     timeout_s: Annotated[float, typer.Option(help="Longest one move may take, in seconds (504 past it).")] = 120.0,
     max_sessions: Annotated[int, typer.Option(help="Negotiations remembered at once (oldest dropped first).")] = 4096,
+    base_url: BaseUrl = None,
+    template: Template = None,
+    tools: Tools = None,
+    prices: Prices = None,
+    temperature: Temperature = None,
+    max_tokens: MaxTokens = None,
 ) -> None:
     """Serve a negotiator over HTTP; a market elsewhere plays it as ``remote:http://HOST:PORT``."""
-    from nego.agents.registry import UnknownSpecError, resolve
+    from nego.agents.registry import resolve
 
     try:
-        factory = resolve(spec)
-    except UnknownSpecError as e:
+        settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()
+        factory = resolve(spec, settings)
+    except ValueError as e:  # an unknown spec, or a model spec that cannot be played here (key, extra, file)
         raise typer.BadParameter(str(e), param_hint="SPEC") from None
     if max_body_kb < 1 or timeout_s <= 0 or max_sessions < 1:
         raise typer.BadParameter("--max-body-kb, --timeout-s and --max-sessions must be positive")

@@ -318,14 +318,23 @@ async def test_serve_agent_serves_a_registry_spec_that_plays_like_in_process():
     assert len(local.turns) > 4 and summary(played) == summary(local)
 
 
-def test_serve_agent_command_refuses_an_unknown_spec():
+def test_serve_agent_command_refuses_a_spec_it_cannot_play(monkeypatch):
     from nego.cli.serve_cmd import serve_agent
     from typer.testing import CliRunner
 
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
     app = typer.Typer()
     app.command()(serve_agent)
-    result = CliRunner().invoke(app, ["no-such-agent", "--port", "0"])
-    assert result.exit_code == 2 and "unknown negotiator spec" in result.output
+    cases = [
+        (["no-such-agent"], "unknown negotiator spec"),
+        (["openai:gpt-5-mini"], "export OPENAI_API_KEY"),
+        (["vllm:m@http://127.0.0.1:9", "--template", "no-such-template"], "neither a built-in template"),
+    ]
+    for args, reason in cases:
+        result = CliRunner().invoke(app, [*args, "--port", "0"])
+        text = re.sub(r"[\s│]+", " ", result.output)  # the error box wraps and frames the message
+        assert result.exit_code == 2 and reason in text, result.output
 
 
 async def test_serve_agent_command_prints_a_token_serves_health_and_plays(tmp_path):
