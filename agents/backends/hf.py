@@ -7,12 +7,13 @@ completion. Sampling draws each row's tokens from that request's own seeded ``to
 request's completion does not depend on which other requests shared its batch (up to floating-point
 differences from padding, which can only matter at near-exact ties).
 
-How a batch is generated depends on the model's cache. Where every layer keeps a plain full-attention cache
-(Llama-like models), each prompt is read on its own, in fixed chunks, reusing the states of a recently read
-prompt that starts the same way (the previous turn of the same negotiation); the rows' states are then
-merged into one left-padded static cache and decoded together. Reading prompts is compute-bound, so a
-padded batch only adds work there, while decoding one token for many rows costs little more than for one.
-Models with sliding-window or shared key-value layers (Gemma 2-4) take one left-padded ``generate`` call.
+How a batch is generated depends on the device and the model's cache. On CPU, where every layer keeps a plain
+full-attention cache (Llama-like models), each prompt is read on its own, in fixed chunks, reusing the states
+of a recently read prompt that starts the same way (the previous turn of the same negotiation); the rows'
+states are then merged into one left-padded static cache and decoded together. Reading a prompt is
+compute-bound, so padding it into a batch only adds work; a decoding step reads the weights once for all rows.
+Models with sliding-window or shared key-value layers (Gemma 2-4), and GPUs by default, take one left-padded
+``generate`` call.
 
 Checkpoints load with ``AutoModelForCausalLM``; multimodal checkpoints that only map to an image-text-to-text
 class (some Gemma sizes) fall back to ``AutoModelForImageTextToText`` and are driven with text only. Replies
@@ -122,7 +123,11 @@ class HFBackend:
         why_not = _why_not_split(model)
         if split_prefill and why_not:
             raise BackendError(f"{name}: split_prefill is not possible: {why_not}; leave it unset")
-        self.split_prefill = not why_not if split_prefill is None else split_prefill
+        if split_prefill is None:
+            # measured on CPU only, where reading prompts is compute-bound; on a GPU a padded batched prefill may
+            # well be the faster one, so GPUs keep the plain generate path unless asked
+            split_prefill = not why_not and model.device.type == "cpu"
+        self.split_prefill = split_prefill
         self.prefill_chunk = prefill_chunk
         budget = int(prefix_cache_mb * 2**20)
         self._prefixes = _PrefixCache(budget) if self.split_prefill and budget > 0 else None
@@ -158,8 +163,9 @@ class HFBackend:
         ``device`` defaults to CUDA when available, else CPU; ``dtype`` ("bfloat16", "float16", "float32",
         "float64") defaults to bfloat16 on a GPU that supports it and float32 otherwise. ``static_cache``
         preallocates the key-value cache of the plain ``generate`` path (default: on CPU, for models that support
-        it); ``split_prefill`` chooses the read-alone, decode-together path (default: wherever the model's cache
-        allows it; True raises if it does not). With
+        it). ``split_prefill`` chooses the read-alone, decode-together path (default: on CPU, wherever the model's
+        cache allows it; True raises if it does not); ``prefill_chunk`` is its prompt-reading step and
+        ``prefix_cache_mb`` bounds its store of reusable prompt states (0 turns reuse off). With
         ``HF_HUB_OFFLINE=1`` a hub id loads only from the local cache.
         """
         torch, transformers = _require_torch_transformers()
