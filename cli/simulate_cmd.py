@@ -75,18 +75,17 @@ def load_scenario_source(source: str) -> list[Scenario]:
 
     if source == "builtin":
         return [s for _, s in builtin_scenarios()]
-    if Path(source).exists():
-        return load_scenarios(source)
+    path = Path(source)
+    if path.exists():
+        return load_scenarios(path)
+    if path.suffix in (".toml", ".json") or "/" in source:
+        raise ValueError(f"--scenarios {source}: no such file or directory")
+    from nego.evaluation.suites import load_suite
+
     try:
-        from nego.evaluation.suites import load_suite
-    except ImportError:  # pragma: no cover - the evaluation package ships with nego
-        load_suite = None
-    if load_suite is not None:
-        try:
-            return list(load_suite(source).scenarios)
-        except KeyError:
-            pass
-    raise ValueError(f"--scenarios {source!r}: no such file or directory, and not 'builtin' or a suite name")
+        return list(load_suite(source).scenarios)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"--scenarios {source!r} is not a file, a directory, 'builtin' or a suite ({e})") from None
 
 
 @dataclass(frozen=True)
