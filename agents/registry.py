@@ -61,8 +61,14 @@ class _Family:
 _FAMILIES: dict[str, _Family] = {
     "timedep": _Family(
         TimeDependent,
-        {"e": _Param(float, None), "clock": _Param(str, "own", tuple(c.value for c in Clock))},
-        "time-dependent concession u(t) = 1 - (1 - rv) t^(1/e); e < 1 Boulware, e > 1 Conceder",
+        {
+            "e": _Param(float, None),
+            "clock": _Param(str, "own", tuple(c.value for c in Clock)),
+            "margin": _Param(float, 0.0),
+            "patience": _Param(float, 1.0),
+        },
+        "time-dependent concession u(t) = 1 - (1 - rv) t^(1/e); e < 1 Boulware, e > 1 Conceder; "
+        "margin raises its floor to rv + margin; it walks away once relative time exceeds patience",
     ),
     "tft": _Family(TitForTat, {"k": _Param(float, 1.0)}, "relative tit-for-tat: mirrors the opponent's concessions"),
     "hardliner": _Family(

@@ -13,7 +13,7 @@ from nego.scenarios.scenario import Role
 from ..conftest import make_widget_scenario
 from .test_rules import random_scenario
 
-BUILT_IN = [s.replace("<e>", "0.5") for s in rule_specs()]
+BUILT_IN = [s.replace("<e>", "0.5") for s in rule_specs()] + ["timedep:e=2,margin=0.1,patience=0.4"]
 
 
 def test_rule_specs_lead_the_known_specs():

@@ -55,6 +55,8 @@ def test_aliases_set_the_exponent():
         ("walker:patience=0", "0 < patience <= 1"),
         ("hardliner:accept=2", "accept must lie in [0, 1]"),
         ("timedep:e=1,clock=wall", "clock must be one of own, negmas"),
+        ("timedep:e=1,patience=0", "patience must lie in (0, 1]"),
+        ("timedep:e=1,margin=-0.1", "margin must lie in [0, 1]"),
         ("tft:k", "key=value"),
         ("tft:k=1,k=2", "given twice"),
         ("random:seed=1", "allowed: none"),

@@ -22,6 +22,7 @@ RULE_SPECS = [
     "linear",
     "conceder",
     "timedep:e=0.5,clock=negmas",
+    "timedep:e=1,margin=0.1,patience=0.5",
     "tft",
     "hardliner",
     "random",
@@ -101,6 +102,22 @@ def test_timedep_opens_with_best_and_concedes_to_reservation_on_its_last_turn():
     barely = Offer({"price": 70, "quantity": 1, "warranty": "none"})  # seller utility 0.32 just above rv 0.3
     assert asyncio.run(agent.act(obs_at(sc, Role.SELLER, 10, barely))).kind is ActionKind.ACCEPT
     assert asyncio.run(agent.act(obs_at(sc, Role.SELLER, 9, barely))).kind is ActionKind.OFFER
+
+
+def test_timedep_margin_is_a_floor_and_patience_ends_in_a_walk_away():
+    sc = make_widget_scenario(max_rounds=10)
+    barely = Offer({"price": 70, "quantity": 1, "warranty": "none"})  # seller utility 0.32, rv 0.3
+    plain = resolve("linear")(Role.SELLER, 0)
+    firm = resolve("timedep:e=1,margin=0.1")(Role.SELLER, 0)
+    assert asyncio.run(plain.act(obs_at(sc, Role.SELLER, 10, barely))).kind is ActionKind.ACCEPT
+    last = asyncio.run(firm.act(obs_at(sc, Role.SELLER, 10, barely)))
+    assert last.kind is ActionKind.OFFER and sc.utility(Role.SELLER, last.offer) >= 0.4 - 1e-9
+    impatient = resolve("timedep:e=1,patience=0.5")(Role.SELLER, 0)
+    kinds = [asyncio.run(impatient.act(obs_at(sc, Role.SELLER, r))).kind for r in range(1, 11)]
+    # relative time (r - 1) / 9 exceeds 0.5 from round 6 on
+    assert kinds == [ActionKind.OFFER] * 5 + [ActionKind.WALK_AWAY] * 5
+    good = Offer({"price": 100, "quantity": 1, "warranty": "none"})
+    assert asyncio.run(impatient.act(obs_at(sc, Role.SELLER, 8, good))).kind is ActionKind.ACCEPT
 
 
 def test_timedep_offers_smallest_utility_at_or_above_target():
