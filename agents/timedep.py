@@ -19,8 +19,8 @@ Two optional parameters make it a less predictable opponent (used for training p
   relative time never exceeds 1. Unlike a walker it does not react to the other side's moves: it simply runs
   out of time at a round the other side cannot see.
 
-With the defaults this is NegMAS's time-based conceding negotiator with its "worst outcome within the aspiration band" offer
-selector; with ``clock="negmas"`` it uses NegMAS's relative time as well.
+With the defaults this is NegMAS's time-based conceding negotiator with its "worst outcome within the aspiration
+band" offer selector; with ``clock="negmas"`` it uses NegMAS's relative time as well.
 """
 
 from __future__ import annotations
