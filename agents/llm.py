@@ -29,7 +29,7 @@ class LLMNegotiator:
         seed: int,
         template: PromptTemplate | str = DEFAULT_TEMPLATE,
         max_tokens: int = 512,
-        temperature: float = 0.7,
+        temperature: float | None = None,
         use_tools: bool | None = None,
     ) -> None:
         self.backend = backend

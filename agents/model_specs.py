@@ -54,7 +54,8 @@ class LLMSettings:
 
     template: str = DEFAULT_TEMPLATE
     max_tokens: int = 512
-    temperature: float = 0.7
+    temperature: float | None = None
+    """None: each backend's default (OpenAI reasoning models accept no other)."""
     tools: bool | None = None
     """None: tools for OpenAI and Anthropic, plain-text JSON for vLLM and in-process models."""
     base_url: str | None = None

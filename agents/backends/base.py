@@ -78,7 +78,8 @@ class ChatRequest:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 512
-    temperature: float = 0.7
+    temperature: float | None = None
+    """None: the backend's own default (1.0 in process; the server's default over HTTP, which some models require)."""
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -88,7 +89,7 @@ class ChatRequest:
             raise ValueError("a chat request needs at least one message")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not (0.0 <= self.temperature <= 2.0):
+        if self.temperature is not None and not (0.0 <= self.temperature <= 2.0):
             raise ValueError(f"temperature must lie in [0, 2], got {self.temperature}")
 
     @property

@@ -275,7 +275,8 @@ class HFBackend:
         if not rows:
             return out
         chosen = [requests[i] for i, _ in rows]
-        sampler = _RowSampler(torch, [(r.temperature, r.seed) for r in chosen], self.lm.device)
+        rows_sampling = [(1.0 if r.temperature is None else r.temperature, r.seed) for r in chosen]
+        sampler = _RowSampler(torch, rows_sampling, self.lm.device)
         limits = [r.max_tokens for r in chosen]
         with torch.inference_mode():
             if self.split_prefill:

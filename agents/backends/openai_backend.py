@@ -60,8 +60,9 @@ class OpenAIBackend(SDKBackend):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-            "temperature": request.temperature,
         }
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
         kwargs["max_completion_tokens" if self.kind == "openai" else "max_tokens"] = request.max_tokens
         if request.seed is not None:
             kwargs["seed"] = request.seed

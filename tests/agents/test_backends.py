@@ -161,3 +161,13 @@ async def test_backend_survives_a_change_of_event_loop(server):
     await backend.complete(request(False))
     await backend.aclose()  # closed, or on a fresh event loop: the next call builds a new client
     assert (await backend.complete(request(False))).usage.calls == 1
+
+
+async def test_openai_temperature_is_sent_only_when_set(server):
+    """Reasoning models reject any temperature but their default, so none is sent unless the user asks."""
+    backend = make_backend("openai", server)
+    msgs = (ChatMessage("system", "You are the seller."), ChatMessage("user", "Round 1 of 6."))
+    await backend.complete(ChatRequest(msgs, max_tokens=64))
+    assert "temperature" not in server.requests[-1].body
+    await backend.complete(ChatRequest(msgs, max_tokens=64, temperature=0.3))
+    assert server.requests[-1].body["temperature"] == 0.3
