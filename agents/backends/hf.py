@@ -26,9 +26,7 @@ import asyncio
 import contextlib
 import inspect
 import os
-import secrets
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 from nego.market.types import Usage
 
 from .base import BackendError, ChatMessage, ChatRequest, ChatResponse
+from .hf_decoding import PrefixCache, RowSampler
 
 INSTALL_HINT = "the hf backend needs torch and transformers: pip install 'nego[train]'"
 
@@ -130,7 +129,7 @@ class HFBackend:
         self.split_prefill = split_prefill
         self.prefill_chunk = prefill_chunk
         budget = int(prefix_cache_mb * 2**20)
-        self._prefixes = _PrefixCache(budget) if self.split_prefill and budget > 0 else None
+        self._prefixes = PrefixCache(budget) if self.split_prefill and budget > 0 else None
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -276,7 +275,7 @@ class HFBackend:
             return out
         chosen = [requests[i] for i, _ in rows]
         rows_sampling = [(1.0 if r.temperature is None else r.temperature, r.seed) for r in chosen]
-        sampler = _RowSampler(torch, rows_sampling, self.lm.device)
+        sampler = RowSampler(torch, rows_sampling, self.lm.device)
         limits = [r.max_tokens for r in chosen]
         with torch.inference_mode():
             if self.split_prefill:
@@ -293,7 +292,7 @@ class HFBackend:
             out[i] = (self.tokenizer.decode(completion, skip_special_tokens=True), len(ids), used)
         return out
 
-    def _generate_plain(self, prompts: list[list[int]], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+    def _generate_plain(self, prompts: list[list[int]], limits: list[int], sampler: RowSampler) -> list[list[int]]:
         """One left-padded ``generate`` call for every row: the path for caches that cannot be merged."""
         torch, transformers = _require_torch_transformers()
         width = max(len(ids) for ids in prompts)
@@ -320,7 +319,7 @@ class HFBackend:
         self.stats.decode_s += time.perf_counter() - first_logits
         return [generated[row, width:].tolist()[:limit] for row, limit in enumerate(limits)]
 
-    def _generate_split(self, prompts: list[list[int]], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+    def _generate_split(self, prompts: list[list[int]], limits: list[int], sampler: RowSampler) -> list[list[int]]:
         """Read each prompt on its own (no padding, the fast causal attention path, a shared prefix reused), then
         decode every row together in one batch over a merged, left-padded, preallocated key-value cache."""
         started = time.perf_counter()
@@ -361,7 +360,7 @@ class HFBackend:
             self._prefixes.store(ids, kv, step)
         return _Prefilled(len(ids), kv, out.logits[0, -1])
 
-    def _decode(self, prefilled: list[_Prefilled], limits: list[int], sampler: _RowSampler) -> list[list[int]]:
+    def _decode(self, prefilled: list[_Prefilled], limits: list[int], sampler: RowSampler) -> list[list[int]]:
         """Sample every row's tokens together: rows sit left-padded in one static cache; a boolean mask hides the
         padding and each row keeps its own positions, so a row attends to exactly what it would alone."""
         torch, transformers = _require_torch_transformers()
@@ -404,104 +403,6 @@ class HFBackend:
                 use_cache=True,
             ).logits[:, -1]
         return tokens
-
-
-class _RowSampler:
-    """Picks each row's next token: greedy for temperature 0, else a draw from the row's own seeded generator.
-
-    Also a logits processor for ``generate``: a sampled row's chosen token is the only one left, so the greedy
-    step that follows takes it.
-    """
-
-    def __init__(self, torch: Any, rows: list[tuple[float, int | None]], device: Any) -> None:
-        self.torch = torch
-        self.first_call_at: float | None = None
-        self.sampled = [row for row, (t, _) in enumerate(rows) if t > 0]
-        self.temperatures = torch.tensor([[rows[row][0]] for row in self.sampled], device=device)
-        self.generators = []
-        for row in self.sampled:
-            seed = rows[row][1]
-            gen = torch.Generator(device=device)
-            gen.manual_seed(seed if seed is not None else secrets.randbits(63))
-            self.generators.append(gen)
-
-    def pick(self, logits: Any) -> Any:
-        """The next token of every row (``logits`` is [rows, vocab])."""
-        torch = self.torch
-        picked = logits.argmax(dim=-1)
-        if self.sampled:
-            # an exponential race, argmax of p / E with E ~ Exp(1) drawn from the row's generator, is what
-            # torch.multinomial does for one draw; only the noise is drawn per row, the rest runs for all rows at
-            # once. (Inverse-CDF sampling needs one draw per row, but the last-bit differences in logits between
-            # batch sizes move its answer at any of the vocabulary's boundaries, so outputs would depend on the batch.)
-            probs = torch.softmax(logits[self.sampled].float() / self.temperatures, dim=-1)
-            noise = torch.empty_like(probs)
-            for row, gen in enumerate(self.generators):
-                noise[row].exponential_(generator=gen)
-            picked[self.sampled] = (probs / noise).argmax(dim=-1)
-        return picked
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self.first_call_at is None:
-            self.first_call_at = time.perf_counter()
-        if not self.sampled:
-            return scores
-        picked = self.pick(scores)
-        out = scores.clone()
-        out[self.sampled] = float("-inf")
-        out[self.sampled, picked[self.sampled]] = 0.0
-        return out
-
-
-class _PrefixCache:
-    """The states of recently read prompts, so a prompt that starts like one read before reads only what is new.
-
-    Only whole chunks are kept and reused (see ``HFBackend._prefill``). Bounded in bytes; the least recently
-    used entry goes first.
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget = budget_bytes
-        self.used = 0
-        self.entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
-
-    def lookup(self, ids: list[int], chunk: int) -> tuple[int, list[tuple[Any, Any]]]:
-        """How many leading tokens of ``ids`` can be reused (whole chunks, always leaving one to read), and the
-        states holding them."""
-        best, best_key = 0, None
-        for key in self.entries:
-            n = _common_prefix(key, ids)
-            if n > best:
-                best, best_key = n, key
-        usable = min(best, len(ids) - 1) // chunk * chunk
-        if best_key is None or usable == 0:
-            return 0, []
-        self.entries.move_to_end(best_key)
-        return usable, self.entries[best_key]
-
-    def store(self, ids: list[int], kv: list[tuple[Any, Any]], chunk: int) -> None:
-        whole = len(ids) // chunk * chunk
-        key = tuple(ids[:whole])
-        if whole == 0 or key in self.entries:
-            return
-        kept = [(k[:, :, :whole].clone(), v[:, :, :whole].clone()) for k, v in kv]
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kept)
-        if size > self.budget:
-            return
-        self.entries[key] = kept
-        self.used += size
-        while self.used > self.budget:
-            _, dropped = self.entries.popitem(last=False)
-            self.used -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in dropped)
-
-
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _why_not_split(model: Any) -> str:

@@ -203,10 +203,10 @@ async def test_sampling_follows_the_seed_and_usage_counts_tokens(tiny_model):
 
 def test_sampling_draws_from_the_tempered_distribution_and_never_a_masked_token():
     import torch
-    from nego.agents.backends.hf import _RowSampler
+    from nego.agents.backends.hf_decoding import RowSampler
 
     logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf")], [3.0, 0.0, 0.0, 0.0]])
-    sampler = _RowSampler(torch, [(2.0, 7), (0.0, None)], "cpu")
+    sampler = RowSampler(torch, [(2.0, 7), (0.0, None)], "cpu")
     picks = torch.stack([sampler.pick(logits) for _ in range(4000)])
     assert (picks[:, 1] == 0).all()  # temperature 0 is greedy
     freq = torch.bincount(picks[:, 0], minlength=4).float() / len(picks)
