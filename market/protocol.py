@@ -106,95 +106,123 @@ async def run_negotiation(
     seed they were built with, and this function uses none.
     """
     cfg = config or ProtocolConfig()
-    views = {Role.SELLER: scenario.view_for(Role.SELLER), Role.BUYER: scenario.view_for(Role.BUYER)}
+    game = _Game(scenario, seed, on_turn)
     agents = {Role.SELLER: seller, Role.BUYER: buyer}
-    invalid = {Role.SELLER: 0, Role.BUYER: 0}
-    forfeits = {Role.SELLER: 0, Role.BUYER: 0}
-    usage = {Role.SELLER: Usage(), Role.BUYER: Usage()}
-    history: list[PublicMove] = []
-    turns: list[Turn] = []
-    standing: Offer | None = None
-    standing_by: Role | None = None
-    first, second = scenario.opener, scenario.opener.other
-    u_seller, u_buyer = scenario.seller.scorer(scenario.issues), scenario.buyer.scorer(scenario.issues)
+    order = (scenario.opener, scenario.opener.other)
+    for rnd in range(1, scenario.max_rounds + 1):
+        for role in order:
+            ended = await _turn(game, agents[role], role, rnd, cfg)
+            if ended is not None:
+                return ended
+    return game.result(EndReason.DEADLINE, scenario.max_rounds, None)
 
-    def record(turn: Turn) -> None:
-        turns.append(turn)
-        if on_turn is not None:
-            on_turn(turn)
 
-    def finish(reason: EndReason, rnd: int, by: Role | None, agreement: Offer | None = None, error: str = ""):
-        if agreement is not None:
-            us, ub = u_seller(agreement), u_buyer(agreement)
+async def _turn(game: _Game, agent: Negotiator, role: Role, rnd: int, cfg: ProtocolConfig) -> NegotiationResult | None:
+    """One side's turn: up to ``1 + max_retries`` attempts. Returns the result if the negotiation ended."""
+    feedback: str | None = None
+    for attempt in range(cfg.max_retries + 1):
+        obs = game.observation(role, rnd, attempt, feedback)
+        try:
+            if cfg.turn_timeout_s is None:
+                action = await agent.act(obs)
+            else:
+                action = await asyncio.wait_for(agent.act(obs), cfg.turn_timeout_s)
+        except TimeoutError:
+            return game.result(EndReason.ERROR, rnd, role, error=f"{role} did not act within {cfg.turn_timeout_s} s")
+        except Exception as e:  # a failing backend ends this negotiation, never the market
+            return game.result(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
+        feedback, action = _judge(game.scenario, action, game.standing, game.standing_by, role)
+        game.record(rnd, role, attempt, action, feedback)
+        if feedback is not None:
+            continue
+        if action.kind is ActionKind.ACCEPT:
+            return game.result(EndReason.AGREEMENT, rnd, role, agreement=game.standing)
+        if action.kind is ActionKind.WALK_AWAY:
+            return game.result(EndReason.WALK_AWAY, rnd, role)
+        game.standing, game.standing_by = action.offer, role
+        return None
+    game.forfeits[role] += 1
+    return None
+
+
+class _Game:
+    """The state of one negotiation while it is played: the public history, the standing offer and the counts."""
+
+    def __init__(self, scenario: Scenario, seed: int, on_turn: Callable[[Turn], None] | None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.on_turn = on_turn
+        self.views = {Role.SELLER: scenario.view_for(Role.SELLER), Role.BUYER: scenario.view_for(Role.BUYER)}
+        self.u_seller = scenario.seller.scorer(scenario.issues)
+        self.u_buyer = scenario.buyer.scorer(scenario.issues)
+        self.history: list[PublicMove] = []
+        self.turns: list[Turn] = []
+        self.standing: Offer | None = None
+        self.standing_by: Role | None = None
+        self.invalid = {Role.SELLER: 0, Role.BUYER: 0}
+        self.forfeits = {Role.SELLER: 0, Role.BUYER: 0}
+        self.usage = {Role.SELLER: Usage(), Role.BUYER: Usage()}
+
+    def observation(self, role: Role, rnd: int, attempt: int, feedback: str | None) -> Observation:
+        return Observation(
+            scenario=self.views[role],
+            history=tuple(self.history),
+            round=rnd,
+            standing_offer=self.standing if self.standing_by is not role else None,
+            feedback=feedback,
+            attempt=attempt,
+        )
+
+    def record(self, rnd: int, role: Role, attempt: int, action: Action, feedback: str | None) -> None:
+        """Record an attempted move; a valid one also joins the public history."""
+        if action.usage is not None:
+            self.usage[role] = self.usage[role] + action.usage
+        valid = feedback is None
+        offer = action.offer if valid and action.kind is ActionKind.OFFER else None
+        turn = Turn(
+            index=len(self.turns),
+            round=rnd,
+            role=role,
+            attempt=attempt,
+            action=action,
+            valid=valid,
+            feedback=feedback,
+            utility_seller=self.u_seller(offer) if offer is not None else None,
+            utility_buyer=self.u_buyer(offer) if offer is not None else None,
+        )
+        self.turns.append(turn)
+        if self.on_turn is not None:
+            self.on_turn(turn)
+        if valid:
+            self.history.append(PublicMove(rnd, role, action.kind, offer, action.message))
         else:
-            us, ub = scenario.seller.reservation, scenario.buyer.reservation
+            self.invalid[role] += 1
+
+    def result(
+        self, reason: EndReason, rnd: int, by: Role | None, agreement: Offer | None = None, error: str = ""
+    ) -> NegotiationResult:
+        sc = self.scenario
+        if agreement is not None:
+            us, ub = self.u_seller(agreement), self.u_buyer(agreement)
+        else:
+            us, ub = sc.seller.reservation, sc.buyer.reservation
         outcome = Outcome(
             end_reason=reason,
             agreement=agreement,
             seller_utility=us,
             buyer_utility=ub,
             rounds=rnd,
-            turns=len(turns),
+            turns=len(self.turns),
             ended_by=by,
-            invalid_seller=invalid[Role.SELLER],
-            invalid_buyer=invalid[Role.BUYER],
-            forfeits_seller=forfeits[Role.SELLER],
-            forfeits_buyer=forfeits[Role.BUYER],
+            invalid_seller=self.invalid[Role.SELLER],
+            invalid_buyer=self.invalid[Role.BUYER],
+            forfeits_seller=self.forfeits[Role.SELLER],
+            forfeits_buyer=self.forfeits[Role.BUYER],
             error=error,
         )
-        return NegotiationResult(scenario.id, seed, outcome, tuple(turns), usage[Role.SELLER], usage[Role.BUYER])
-
-    for rnd in range(1, scenario.max_rounds + 1):
-        for role in (first, second):
-            feedback: str | None = None
-            for attempt in range(cfg.max_retries + 1):
-                obs = Observation(
-                    scenario=views[role],
-                    history=tuple(history),
-                    round=rnd,
-                    standing_offer=standing if standing_by is not role else None,
-                    feedback=feedback,
-                    attempt=attempt,
-                )
-                try:
-                    if cfg.turn_timeout_s is None:
-                        action = await agents[role].act(obs)
-                    else:
-                        action = await asyncio.wait_for(agents[role].act(obs), cfg.turn_timeout_s)
-                except TimeoutError:
-                    return finish(EndReason.ERROR, rnd, role, error=f"{role} did not act within {cfg.turn_timeout_s} s")
-                except Exception as e:  # a failing backend ends this negotiation, never the market
-                    return finish(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
-                if action.usage is not None:
-                    usage[role] = usage[role] + action.usage
-                feedback, action = _judge(scenario, action, standing, standing_by, role)
-                offer = action.offer if action.kind is ActionKind.OFFER else None
-                record(
-                    Turn(
-                        index=len(turns),
-                        round=rnd,
-                        role=role,
-                        attempt=attempt,
-                        action=action,
-                        valid=feedback is None,
-                        feedback=feedback,
-                        utility_seller=u_seller(offer) if offer is not None and feedback is None else None,
-                        utility_buyer=u_buyer(offer) if offer is not None and feedback is None else None,
-                    )
-                )
-                if feedback is not None:
-                    invalid[role] += 1
-                    continue
-                history.append(PublicMove(rnd, role, action.kind, offer, action.message))
-                if action.kind is ActionKind.ACCEPT:
-                    return finish(EndReason.AGREEMENT, rnd, role, agreement=standing)
-                if action.kind is ActionKind.WALK_AWAY:
-                    return finish(EndReason.WALK_AWAY, rnd, role)
-                standing, standing_by = offer, role
-                break
-            else:
-                forfeits[role] += 1
-    return finish(EndReason.DEADLINE, scenario.max_rounds, None)
+        return NegotiationResult(
+            sc.id, self.seed, outcome, tuple(self.turns), self.usage[Role.SELLER], self.usage[Role.BUYER]
+        )
 
 
 def _judge(
