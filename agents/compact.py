@@ -5,8 +5,10 @@ scenario fits into, built only from the acting side's own observation:
 
 - header: ``<s> w7 w5 w8 r6`` -- one own-weight bucket per issue in issue order (``w0..w20``, steps of 0.05)
   and the own reservation bucket (``r0..r20``);
-- before each own turn: the other side's new offer as own-value levels, ``opp L3 L9 L0``, then the rounds left,
-  ``T4`` (``invalid T4`` when the last attempt was rejected);
+- before each own turn: the own utility of the own last offer, ``u14`` (``u0..u20``, steps of 0.05), the other
+  side's new offer as own-value levels followed by its own utility and whether that clears the own reservation,
+  ``opp L3 L9 L0 u7 above`` (or ``below``), then the rounds left, ``T4`` (``invalid T4`` when the last attempt
+  was rejected);
 - an own turn: ``offer L10 L7 L2 <eot>``, ``accept <eot>`` or ``walk <eot>``;
 - the end (rendered by whoever records the episode): ``opp-accept``, ``opp-walk`` or ``deadline``, then ``</s>``.
 
@@ -36,6 +38,7 @@ MAX_ROUNDS_TOKEN = 30
 PAD, BOS, EOS, EOT, UNK = "<pad>", "<s>", "</s>", "<eot>", "<unk>"
 OFFER, ACCEPT, WALK = "offer", "accept", "walk"
 OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID = "opp", "opp-accept", "opp-walk", "deadline", "invalid"
+ABOVE, BELOW = "above", "below"
 
 
 def vocabulary() -> list[str]:
@@ -45,6 +48,9 @@ def vocabulary() -> list[str]:
     words += [f"w{k}" for k in range(BUCKETS + 1)]
     words += [f"r{k}" for k in range(BUCKETS + 1)]
     words += [f"T{k}" for k in range(1, MAX_ROUNDS_TOKEN + 1)]
+    # appended later (utility words): earlier ids never move
+    words += [f"u{k}" for k in range(BUCKETS + 1)]
+    words += [ABOVE, BELOW]
     return words
 
 
@@ -66,6 +72,16 @@ def offer_levels(view: ScenarioView, offer: Offer) -> list[int]:
     """An offer as own-value levels per issue, from this side's own value functions only."""
     prefs = view.preferences
     return [_bucket(prefs.values[i.name](i, offer[i.name]), LEVELS) for i in view.issues]
+
+
+def utility_words(view: ScenarioView, offer: Offer, opponent: bool) -> list[str]:
+    """An offer's own utility as a bucket word; for the other side's offers also whether it clears the own
+    reservation (exactly, so a small model can copy "never accept below reservation" instead of estimating it)."""
+    u = view.utility(offer)
+    words = [f"u{_bucket(u, BUCKETS)}"]
+    if opponent:
+        words.append(ABOVE if u >= view.preferences.reservation else BELOW)
+    return words
 
 
 def level_offer(view: ScenarioView, levels: Sequence[int]) -> Offer:
@@ -138,9 +154,14 @@ class CompactTrace:
         if not self.prompt:
             self.prompt = header_words(obs.scenario)
         env: list[str] = []
+        view = obs.scenario
         for move in obs.history[self.seen_moves :]:
-            if move.role is not self.role and move.kind is ActionKind.OFFER and move.offer is not None:
-                env += [OPP, *(f"L{k}" for k in offer_levels(obs.scenario, move.offer))]
+            if move.kind is not ActionKind.OFFER or move.offer is None:
+                continue
+            if move.role is self.role:
+                env += utility_words(view, move.offer, opponent=False)
+            else:
+                env += [OPP, *(f"L{k}" for k in offer_levels(view, move.offer)), *utility_words(view, move.offer, True)]
         self.seen_moves = len(obs.history)
         if obs.feedback is not None:
             env.append(INVALID)
@@ -205,6 +226,12 @@ class CompactPolicy:
         self.model = model
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
+        missing = [w for w in vocabulary() if w not in vocab]
+        if missing:
+            raise ValueError(
+                f"this model's tokenizer lacks {len(missing)} compact-protocol words (e.g. {missing[0]!r}): it was "
+                "trained with an older protocol; train it again with `nego train`"
+            )
         self.ids = {w: vocab[w] for w in vocabulary()}
         self.words = {i: w for w, i in self.ids.items()}
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1024))
@@ -262,28 +289,22 @@ def generate_turns(
     done = [False] * n
     steps = max(r.max_new for r in batch)
     device = next(model.parameters()).device
+    pick = _Picker(torch, batch)
     with torch.no_grad():
         res = model(
             input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device), use_cache=True
         )
         for step in range(steps):
-            logits = res.logits[:, -1, :].float().cpu()
-            nxt = torch.full((n,), pad_id, dtype=torch.long)
+            toks, logps = pick(res.logits[:, -1, :].float().cpu())
             for row, r in enumerate(batch):
                 if done[row]:
                     continue
-                t = r.temperature if r.temperature is not None else 1.0
-                logp = torch.log_softmax(logits[row] / t, -1)
-                if r.temperature is None:
-                    tok = int(logp.argmax())
-                else:
-                    tok = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
-                out_ids[row].append(tok)
-                out_lp[row].append(float(logp[tok]))
-                nxt[row] = tok
-                done[row] = tok == stop_id or len(out_ids[row]) >= r.max_new
+                out_ids[row].append(toks[row])
+                out_lp[row].append(logps[row])
+                done[row] = toks[row] == stop_id or len(out_ids[row]) >= r.max_new
             if all(done) or step == steps - 1:
                 break
+            nxt = torch.tensor([pad_id if d else t for d, t in zip(done, toks, strict=True)], dtype=torch.long)
             att = torch.cat([att, torch.ones((n, 1), dtype=torch.long)], 1)
             pos = pos[:, -1:] + 1
             res = model(
@@ -294,6 +315,30 @@ def generate_turns(
                 use_cache=True,
             )
     return list(zip(out_ids, out_lp, strict=True))
+
+
+class _Picker:
+    """Chooses every row's next token at once: greedy rows take the argmax, sampled rows run an exponential race
+    (argmax of p / E, E ~ Exp(1) from the row's own generator: one multinomial draw, so a row's tokens do not
+    depend on its batch mates). Returns the tokens and their log-probabilities under softmax(logits / T)."""
+
+    def __init__(self, torch: Any, batch: Sequence[_Request]) -> None:
+        self.torch = torch
+        self.temps = torch.tensor([[r.temperature or 1.0] for r in batch])
+        self.sampled = [row for row, r in enumerate(batch) if r.temperature is not None]
+        self.generators = [batch[row].generator for row in self.sampled]
+
+    def __call__(self, logits: Any) -> tuple[list[int], list[float]]:
+        torch = self.torch
+        logp = torch.log_softmax(logits / self.temps, -1)
+        toks = logp.argmax(-1)
+        if self.sampled:
+            probs = logp[self.sampled].exp()
+            noise = torch.empty_like(probs)
+            for i, gen in enumerate(self.generators):
+                noise[i].exponential_(generator=gen)
+            toks[self.sampled] = (probs / noise).argmax(-1)
+        return toks.tolist(), logp.gather(1, toks[:, None])[:, 0].tolist()
 
 
 @dataclass(slots=True)

@@ -2,10 +2,13 @@
 
     python bench/tiny_gain.py                     # tiny vs tiny-rl, 200 held-out scenarios per buyer
     python bench/tiny_gain.py --base tiny --trained tiny-rl --n 300 --out bench/results/tiny_gain.txt
+    python bench/tiny_gain.py --split dev --base dev-a --trained dev-a-rl   # choosing defaults: dev split only
 
 The scenarios come from the held-out split (never used for training or for choosing defaults); the buyers are
 families absent from the training pool (walker, picky) plus a hardliner as a diagnostic. Both models play the
 identical negotiations greedily, so the gain is a paired difference with a bootstrap 95% interval.
+With ``--split dev`` it plays the dev split against buyers from the training families instead: that is where
+defaults are chosen; the held-out split and buyers are read once, for the final measurement.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 import numpy as np
 
 HELDOUT_BUYERS = ("walker", "picky", "hardliner")
+# training families (fixed parameters): linear, Boulware, tit-for-tat, an impatient and a demanding buyer
+DEV_BUYERS = ("timedep:e=1", "boulware", "tft", "timedep:e=1,patience=0.5", "timedep:e=0.5,margin=0.1")
 
 
 def paired_gain(
@@ -37,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="tiny")
     ap.add_argument("--trained", default="tiny-rl")
     ap.add_argument("--n", type=int, default=200, help="held-out scenarios per buyer")
-    ap.add_argument("--buyers", default=",".join(HELDOUT_BUYERS))
+    ap.add_argument("--split", choices=("heldout", "dev"), default="heldout")
+    ap.add_argument("--buyers", default="", help="semicolon-separated specs (default: by split)")
     ap.add_argument("--max-rounds", type=int, default=8)
     ap.add_argument("--out", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -55,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: model(s) {', '.join(missing)} not registered; run `nego train` first", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    scenarios = split_scenarios("heldout", args.n, args.max_rounds)
-    buyers = [b for b in args.buyers.split(",") if b]
+    scenarios = split_scenarios(args.split, args.n, args.max_rounds)
+    default = HELDOUT_BUYERS if args.split == "heldout" else DEV_BUYERS
+    buyers = [b.strip() for b in args.buyers.split(";") if b.strip()] if args.buyers else default
     res = {name: evaluate(CompactPolicy.load(e.path), scenarios, buyers, seed=1) for name, e in entries.items()}
     lines = [
-        f"held-out split: {args.n} scenarios x {len(buyers)} buyers, greedy, paired bootstrap (10,000 resamples)",
+        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, greedy, paired bootstrap (10,000 resamples)",
         f"base = {args.base} ({entries[args.base].path}), trained = {args.trained} ({entries[args.trained].path}, "
         f"{entries[args.trained].steps} GRPO steps)",
         "",

@@ -17,12 +17,26 @@ def _annotation(default: Any) -> Any:
     return Optional[type(default)]  # noqa: UP045
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated specs; a piece like ``patience=0.4..1`` (a parameter, no family name) continues the spec
+    before it, so ``timedep:e=1,patience=0.5,tft`` is two specs."""
+    out: list[str] = []
+    for piece in (s.strip() for s in text.split(",")):
+        if not piece:
+            continue
+        if out and "=" in piece and ":" not in piece:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:
     """TOML file (if any) first, then the options given on the command line; ``--resume`` restores the run's own."""
     given = {k: v for k, v in options.items() if v is not None}
     for f in fields(TrainConfig):
         if f.name in given and f.default is MISSING:  # the list-valued fields: comma-separated on the command line
-            given[f.name] = [s.strip() for s in given[f.name].split(",") if s.strip()]
+            given[f.name] = split_specs(given[f.name])
     if given.get("resume"):
         from nego.training.checkpoints import load_run_config
 

@@ -21,6 +21,9 @@ GEMMA_SIZES: dict[str, str] = {
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
 TINY_DEFAULT_LR = 1e-4
+# Time-dependent buyers of random speed that may run out of patience (walk away at a round the seller cannot
+# see) or hold out above their reservation, plus tit-for-tat: a pool where holding out has a price.
+DEFAULT_TRAIN_BUYERS = ("timedep:e=0.3..3,patience=0.4..1", "timedep:e=0.3..3,margin=0..0.15", "tft")
 REAL_DEFAULT_LR = 1e-6
 
 
@@ -51,7 +54,7 @@ class TrainConfig:
     max_rounds: int = _f(8, "rounds per negotiation during training (each side moves once per round)")
     max_tokens: int = _f(512, "cap on one episode's tokens after the prompt; longer episodes are an error")
     train_buyers: list[str] = field(
-        default_factory=lambda: ["timedep:e=0.5..3"],
+        default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),
         metadata={"help": "training buyer specs; a..b draws a parameter uniformly per negotiation"},
     )
     train_scenarios: int = _f(4000, "generated training scenarios (train split)")

@@ -31,3 +31,27 @@ def test_malformed_turns_are_invalid_never_repaired(widget_scenario):
         assert a.kind is ActionKind.INVALID and a.error
     assert parse_action(view, ["accept", EOT]).kind is ActionKind.ACCEPT
     assert parse_action(view, ["walk", EOT]).kind is ActionKind.WALK_AWAY
+
+
+def test_the_seller_sees_its_own_utility_of_both_offers_and_whether_it_clears_its_reservation(widget_scenario):
+    import asyncio
+
+    from nego.agents.compact import ABOVE, BELOW, OPP
+    from nego.agents.registry import resolve
+    from nego.market.protocol import run_negotiation
+    from nego.training.sft import RecordingSeller
+
+    seller = RecordingSeller(resolve("linear")(Role.SELLER, 0))
+    result = asyncio.run(run_negotiation(widget_scenario, seller, resolve("boulware")(Role.BUYER, 0), seed=0))
+    view = widget_scenario.view_for(Role.SELLER)
+    words, n = seller.trace.words, len(view.issues)
+    seen = [t for t in result.turns if t.action.offer is not None][: words.count(OPP) + words.count(EOT)]
+    opp_words = [words[j + n + 1 : j + n + 3] for j, w in enumerate(words) if w == OPP]
+    buyer_offers = [t.action.offer for t in seen if t.role is Role.BUYER]
+    assert len(opp_words) == len(buyer_offers) >= 2
+    for (u_word, side), offer in zip(opp_words, buyer_offers, strict=False):
+        u = widget_scenario.utility(Role.SELLER, offer)
+        assert u_word == f"u{round(u * 20)}" and side == (ABOVE if u >= view.preferences.reservation else BELOW)
+    own = [words[j + 1] for j, w in enumerate(words[:-1]) if w == EOT and words[j + 1].startswith("u")]
+    own_offers = [t.action.offer for t in result.turns if t.role is Role.SELLER and t.action.offer is not None]
+    assert own and own == [f"u{round(widget_scenario.utility(Role.SELLER, o) * 20)}" for o in own_offers[: len(own)]]

@@ -36,6 +36,8 @@ def test_defaults_toml_and_cli_fill_the_same_dataclass(tmp_path):
     assert load_toml(path).group_size == 4
     cfg = build_config(path, {"steps": 7, "train_buyers": "tft,boulware"})
     assert (cfg.steps, cfg.lr, cfg.train_buyers) == (7, 3e-5, ["tft", "boulware"])
+    cfg = build_config(None, {"train_buyers": "timedep:e=1..2,patience=0.5..1,tft, timedep:e=2,clock=negmas"})
+    assert cfg.train_buyers == ["timedep:e=1..2,patience=0.5..1", "tft", "timedep:e=2,clock=negmas"]
     path.write_text("group_sise = 4\n")
     with pytest.raises(ConfigError, match="group_sise"):
         load_toml(path)
