@@ -18,7 +18,7 @@ from .rewards import make_reward_func
 from .rollout import MarketRollout, split_scenarios
 from .train_log import TrainLog
 
-DEV_BUYERS = ("timedep:e=1", "tft")
+DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5")
 Echo = Callable[[str], None]
 
 
@@ -185,7 +185,14 @@ def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: E
     rollout_cls = MarketRollout
     if not cfg.is_tiny:
         from .chat_rollout import ChatMarketRollout as rollout_cls
-    rollout = rollout_cls(scenarios, BuyerPool(tuple(cfg.train_buyers)), tok, seed=cfg.seed, max_tokens=cfg.max_tokens)
+    rollout = rollout_cls(
+        scenarios,
+        BuyerPool(tuple(cfg.train_buyers)),
+        tok,
+        seed=cfg.seed,
+        max_tokens=cfg.max_tokens,
+        group_size=cfg.group_size,
+    )
     log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo)
     callbacks, state_box = _callbacks(cfg, log, tok, started, echo)
     peft_config = None

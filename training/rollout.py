@@ -139,7 +139,10 @@ class RolloutStats:
 
 
 class MarketRollout:
-    """TRL ``rollout_func``: prompts are training scenario ids, already repeated ``group_size`` times."""
+    """TRL ``rollout_func``: prompts are training scenario ids, already repeated ``group_size`` times.
+
+    All negotiations of a group face the same drawn buyer (spec and parameters), so the group's reward spread,
+    and with it the advantage, comes from the seller's own sampled choices rather than from the buyer draw."""
 
     def __init__(
         self,
@@ -149,8 +152,10 @@ class MarketRollout:
         *,
         seed: int,
         max_tokens: int,
+        group_size: int = 1,
     ) -> None:
         self.scenarios = {s.id: s for s in scenarios}
+        self.group_size = group_size
         self.pool = pool
         self.tokenizer = tokenizer
         self.seed = seed
@@ -162,7 +167,9 @@ class MarketRollout:
         step = int(trainer.state.global_step)
         scenarios = [self.scenarios[str(p)] for p in prompts]
         rngs = [np.random.default_rng([self.seed, step, i]) for i in range(len(prompts))]
-        buyers = [self.pool.factory(r) for r in rngs]
+        n_groups = -(-len(prompts) // self.group_size)
+        drawn = [self.pool.factory(np.random.default_rng([self.seed, step, g, 1])) for g in range(n_groups)]
+        buyers = [drawn[i // self.group_size] for i in range(len(prompts))]
         seeds = [int(r.integers(2**31)) for r in rngs]
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training

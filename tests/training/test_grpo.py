@@ -109,6 +109,8 @@ def test_rewards_reach_the_trainer_from_the_structured_outcome(run):
             )
         ]
         assert logged == pytest.approx(np.mean(expected), abs=1e-5)
+        specs, g = hook["buyer_spec"], cfg.group_size
+        assert all(len(set(specs[i : i + g])) == 1 for i in range(0, len(specs), g))  # one buyer per group
     assert {"deal_rate", "invalid_rate", "entropy", "identical_group_share", "tokens_per_s", "collapse"} <= set(
         log.columns
     )
