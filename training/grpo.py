@@ -176,15 +176,29 @@ def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, started: float, echo: 
     return [Monitor()], state_box
 
 
-def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: Echo, started: float) -> tuple:
-    """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box)."""
+def build_trainer(
+    cfg: TrainConfig,
+    model: Any,
+    tok: Any,
+    run_dir: Path,
+    echo: Echo,
+    started: float,
+    *,
+    reward_func: Callable[..., list[float]] | None = None,
+    rollout_cls: type | None = None,
+) -> tuple:
+    """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box).
+
+    ``reward_func`` and ``rollout_cls`` replace the outcome reward and the rollout class (diagnostics such as
+    bench/grpo_sanity.py use them to test the same wiring with a reward that is known to be learnable)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
-    rollout_cls = MarketRollout
-    if not cfg.is_tiny:
-        from .chat_rollout import ChatMarketRollout as rollout_cls
+    if rollout_cls is None:
+        rollout_cls = MarketRollout
+        if not cfg.is_tiny:
+            from .chat_rollout import ChatMarketRollout as rollout_cls
     rollout = rollout_cls(
         scenarios,
         BuyerPool(tuple(cfg.train_buyers)),
@@ -204,7 +218,7 @@ def build_trainer(cfg: TrainConfig, model: Any, tok: Any, run_dir: Path, echo: E
         )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=make_reward_func(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty),
+        reward_funcs=reward_func or make_reward_func(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty),
         args=grpo_args(cfg, run_dir),
         train_dataset=Dataset.from_list([{"prompt": s.id} for s in scenarios]),
         processing_class=tok,

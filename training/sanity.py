@@ -1,0 +1,149 @@
+"""A learnability check of the GRPO wiring: the real market rollout and trainer, with a reward that is easy to learn.
+
+Used by ``bench/grpo_sanity.py`` and the slow learning test. The rollout is the ordinary
+:class:`~nego.training.rollout.MarketRollout` plus two columns (the scenario id, the seller's own utility of its
+first offer); the trainer comes from :func:`nego.training.grpo.build_trainer`, so everything but the reward is
+the wiring of ``nego train``. Along the way it records the plumbing checks: reward rows that belong to another
+prompt than the one TRL scored them for, and the gap between the log-probabilities the rollout recorded for
+the seller's own tokens and the ones the trained model computes for the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from nego.market.types import ActionKind
+from nego.scenarios.scenario import Role
+
+from .config import TrainConfig
+from .rewards import RewardFunc, outcome_reward
+from .rollout import Episode, MarketRollout, play, to_hook_dict
+
+REWARDS = ("first-offer", "outcome")
+
+
+@dataclass
+class SanityChecks:
+    """Per-step plumbing measurements."""
+
+    logprob_gap: list[float] = field(default_factory=list)
+    misaligned: list[int] = field(default_factory=list)
+    group_std: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SanityRun:
+    logs: list[dict[str, Any]]
+    checks: SanityChecks
+    seconds: float
+
+    @property
+    def rewards(self) -> list[float]:
+        return [float(row["reward"]) for row in self.logs]
+
+
+def first_offer_utility(episode: Episode) -> float | None:
+    """Own utility of the seller's first move if it is a valid offer, else None."""
+    first = next((t for t in episode.result.turns if t.role is Role.SELLER), None)
+    if first is None or not first.valid or first.action.kind is not ActionKind.OFFER or first.action.offer is None:
+        return None
+    return episode.scenario.view_for(Role.SELLER).utility(first.action.offer)
+
+
+def logprob_gap(model: Any, hook: dict[str, list], temperature: float, n: int = 4) -> float:
+    """Largest |recorded - recomputed| log-probability over the seller's own tokens of the first ``n`` episodes."""
+    import torch
+
+    gap = 0.0
+    with torch.no_grad():
+        for i in range(min(n, len(hook["prompt_ids"]))):
+            p, c = hook["prompt_ids"][i], hook["completion_ids"][i]
+            logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float() / temperature
+            lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None])[:, 0]
+            own = torch.tensor(hook["env_mask"][i], dtype=torch.bool)
+            gap = max(gap, float((lp[own] - torch.tensor(hook["logprobs"][i])[own]).abs().max()))
+    return gap
+
+
+def sanity_rollout_cls(checks: SanityChecks) -> type[MarketRollout]:
+    """A MarketRollout that adds ``scenario_id`` and ``first_offer_u`` columns and records the log-prob gap."""
+    from nego.agents.compact import CompactPolicy
+
+    class SanityRollout(MarketRollout):
+        def rollout(self, model, trainer, scenarios, buyers, seeds):
+            policy = CompactPolicy(model, self.tokenizer)
+            temperature = float(trainer.temperature)
+            episodes = asyncio.run(play(policy, scenarios, buyers, seeds, temperature))
+            hook = to_hook_dict(episodes, policy, self.max_tokens)
+            hook["scenario_id"] = [ep.scenario.id for ep in episodes]
+            hook["first_offer_u"] = [first_offer_utility(ep) for ep in episodes]
+            checks.logprob_gap.append(logprob_gap(model, hook, temperature))
+            return hook
+
+    return SanityRollout
+
+
+def sanity_reward(kind: str, checks: SanityChecks, group: int, invalid_penalty: float) -> RewardFunc:
+    """``first-offer``: 1 - own utility of the first offer (0 if the first move is not a valid offer);
+    ``outcome``: the training reward. Both count rows whose episode was played on another scenario."""
+    if kind not in REWARDS:
+        raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {kind!r}")
+
+    def reward(prompts, completions, *, scenario_id, first_offer_u, **kw) -> list[float]:
+        checks.misaligned.append(sum(str(p) != s for p, s in zip(prompts, scenario_id, strict=True)))
+        if kind == "first-offer":
+            r = [0.0 if u is None else 1.0 - u for u in first_offer_u]
+        else:
+            cols = zip(kw["seller_utility"], kw["agreed"], kw["reservation"], kw["invalid_seller"], strict=True)
+            r = [outcome_reward(u, a, res, k, None, invalid_penalty) for u, a, res, k in cols]
+        checks.group_std.append(float(np.array(r).reshape(-1, group).std(1).mean()))
+        return r
+
+    return reward
+
+
+def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
+    """A tiny model behaviour-cloned on ``cfg.sft_episodes`` rule-seller transcripts against ``cfg.train_buyers``;
+    returns (model, tokenizer, final SFT loss)."""
+    from .pool import BuyerPool
+    from .rollout import split_scenarios
+    from .sft import behaviour_clone, record_transcripts
+    from .tiny_model import build_tiny_model
+    from .tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=cfg.seed)
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    pool = BuyerPool(tuple(cfg.train_buyers))
+    traces = record_transcripts(scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed)
+    r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
+    return model, tok, r.final_loss
+
+
+def run_sanity(cfg: TrainConfig, model: Any, tok: Any, kind: str) -> SanityRun:
+    """GRPO on a copy of ``model`` through ``grpo.build_trainer`` with the sanity reward; returns the logs."""
+    from . import grpo
+
+    checks = SanityChecks()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer, *_ = grpo.build_trainer(
+            cfg,
+            copy.deepcopy(model),
+            tok,
+            Path(tmp),
+            lambda s: None,
+            time.perf_counter(),
+            reward_func=sanity_reward(kind, checks, cfg.group_size, cfg.invalid_penalty),
+            rollout_cls=sanity_rollout_cls(checks),
+        )
+        t0 = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t0
+    return SanityRun([row for row in trainer.state.log_history if "reward" in row], checks, seconds)
