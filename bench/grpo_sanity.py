@@ -2,6 +2,7 @@
 
     python bench/grpo_sanity.py                        # first-offer reward, lr 3e-5 and 1e-3, ~2 minutes, 1 thread
     python bench/grpo_sanity.py --rewards first-offer,outcome --lrs 3e-5,1e-4,1e-3 --out bench/results/grpo_sanity.txt
+    python bench/grpo_sanity.py --compare-run $NEGO_HOME/runs/tiny   # trained vs base: greedy and sampled
 
 A tiny model gets a short warm start (behaviour cloning of rule-based sellers), then GRPO runs through the
 training wiring of ``nego train`` (``grpo.build_trainer``: same GRPOConfig, the market rollout, env_mask,
@@ -16,6 +17,9 @@ Besides the reward curve it checks the plumbing directly: every reward row belon
 scored for (episodes come back in TRL's order), and the log-probabilities the rollout recorded for the
 seller's own tokens equal the ones the trained model computes for the same ids (no misaligned mask or
 stale policy). The verdict compares the mean rollout reward of the first and last 10 steps.
+
+``--compare-run RUN`` instead compares a finished run's ``final`` with its ``base`` on the dev split, greedily
+(what the evaluations report) and sampled at temperature 1 (what GRPO optimizes).
 """
 
 from __future__ import annotations
@@ -54,6 +58,35 @@ def summarize(lr: float, arm: Any) -> tuple[list[str], bool]:
     return lines, learned
 
 
+def sampled_vs_greedy(run_dir: str, n: int, repeats: int, buyers: tuple[str, ...]) -> list[str]:
+    """Paired dev-split utility of ``run_dir/final`` minus ``run_dir/base``: greedy (what the evaluations report)
+    and sampled at temperature 1 (what GRPO optimizes), with normal-approximation 95% intervals."""
+    import asyncio
+
+    from nego.agents.compact import CompactPolicy
+    from nego.agents.registry import resolve
+    from nego.training.rollout import play, split_scenarios
+
+    policies = {k: CompactPolicy.load(str(Path(run_dir) / k)) for k in ("base", "final")}
+    scenarios = split_scenarios("dev", n, 8)
+    lines = [f"{run_dir}: final - base on {n} dev scenarios (greedy once; sampled at T=1 {repeats} times)"]
+    for spec in buyers:
+        factory = resolve(spec)
+        for temp, reps in ((None, 1), (1.0, repeats)):
+            u = {}
+            for k, pol in policies.items():
+                seeds = [[7000 * r + i for i in range(n)] for r in range(reps)]
+                eps = [e for s in seeds for e in asyncio.run(play(pol, scenarios, [factory] * n, s, temp))]
+                u[k] = np.array([e.result.outcome.seller_utility for e in eps])
+            d = u["final"] - u["base"]
+            ci = 1.96 * d.std() / np.sqrt(len(d))
+            lines.append(
+                f"  {spec:28s} {'greedy' if temp is None else 'T=1   '}: base {u['base'].mean():.3f} "
+                f"final {u['final'].mean():.3f} gain {d.mean():+.4f} [{d.mean() - ci:+.4f}, {d.mean() + ci:+.4f}]"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -69,7 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="", help="also write the report to this file")
+    ap.add_argument("--compare-run", default="", help="instead: greedy vs sampled gain of RUN/final over RUN/base")
     args = ap.parse_args(argv)
+    if args.compare_run:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        buyers = ("timedep:e=1", "tft", "timedep:e=0.5,margin=0.1", "boulware", "timedep:e=1,patience=0.5")
+        lines = sampled_vs_greedy(args.compare_run, 100, 3, buyers)
+        print("\n".join(lines))
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+        return 0
 
     import torch
     from nego.training.config import TrainConfig
