@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buyers", default="", help="semicolon-separated specs (default: by split)")
     ap.add_argument("--max-rounds", type=int, default=8)
     ap.add_argument("--out", default="", help="also write the table to this file")
+    ap.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy; > 0: sample at this temperature (GRPO trains T=1)"
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -64,9 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = split_scenarios(args.split, args.n, args.max_rounds)
     default = HELDOUT_BUYERS if args.split == "heldout" else DEV_BUYERS
     buyers = [b.strip() for b in args.buyers.split(";") if b.strip()] if args.buyers else default
-    res = {name: evaluate(CompactPolicy.load(e.path), scenarios, buyers, seed=1) for name, e in entries.items()}
+    temperature = args.temperature or None
+    res = {
+        name: evaluate(CompactPolicy.load(e.path), scenarios, buyers, seed=1, temperature=temperature)
+        for name, e in entries.items()
+    }
+    decoding = "greedy" if temperature is None else f"sampled at T={temperature:g}"
     lines = [
-        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, greedy, paired bootstrap (10,000 resamples)",
+        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, {decoding}, "
+        "paired bootstrap (10,000 resamples)",
         f"base = {args.base} ({entries[args.base].path}), trained = {args.trained} ({entries[args.trained].path}, "
         f"{entries[args.trained].steps} GRPO steps)",
         "",

@@ -41,14 +41,19 @@ class BuyerResult:
 
 
 def evaluate(
-    policy: CompactPolicy, scenarios: Sequence[Scenario], buyers: Sequence[str], seed: int = 0
+    policy: CompactPolicy,
+    scenarios: Sequence[Scenario],
+    buyers: Sequence[str],
+    seed: int = 0,
+    temperature: float | None = None,
 ) -> dict[str, BuyerResult]:
-    """Play every scenario once against each buyer spec, greedily; seeds depend only on (seed, index)."""
+    """Play every scenario once against each buyer spec, greedily (or sampling at ``temperature``, the way GRPO
+    trains the policy); seeds depend only on (seed, index)."""
     out = {}
     seeds = [int(x) for x in np.random.default_rng([seed, 99]).integers(2**31, size=len(scenarios))]
     for spec in buyers:
         factory = resolve(spec)
-        episodes = asyncio.run(play(policy, scenarios, [factory] * len(scenarios), seeds, None))
+        episodes = asyncio.run(play(policy, scenarios, [factory] * len(scenarios), seeds, temperature))
         out[spec] = BuyerResult(
             spec,
             tuple(e.result.outcome.seller_utility for e in episodes),
