@@ -387,7 +387,18 @@ class CompactFactory:
 
 
 def make_factory(entry: ModelEntry, temperature: float | None = None) -> CompactFactory:
-    """A factory for a registered compact model: greedy (``temperature=None``) unless told otherwise."""
+    """A factory for a registered compact model.
+
+    ``temperature`` None plays the policy as it was trained: sampling at the temperature of its training rollouts
+    (recorded in the registry; 1.0 when absent), seeded per negotiation so a rerun plays the same moves. GRPO
+    optimises that sampled policy, and its greedy argmax can be a different strategy altogether (a per-token mode
+    of offers that concede on varying issues keeps every issue at its best level). ``0`` plays greedily; any other
+    value samples at that temperature.
+    """
     if entry.format != "compact":
         raise ValueError(f"model {entry.name!r} has format {entry.format!r}; make_factory plays 'compact' models only")
-    return CompactFactory(entry.name, CompactPolicy.load(entry.path), temperature)
+    if temperature is None:
+        temperature = float(entry.config.get("temperature", 1.0))
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return CompactFactory(entry.name, CompactPolicy.load(entry.path), temperature or None)

@@ -257,7 +257,7 @@ def _registered(name: str, settings: LLMSettings):
         except ModuleNotFoundError as e:
             raise ModelSpecError(f"model {name!r} needs {e.name}; {TRAIN_EXTRA_HINT}") from None
         try:
-            return make_factory(entry)
+            return make_factory(entry, settings.temperature)
         except (OSError, RuntimeError, ValueError) as e:
             raise ModelSpecError(f"model {name!r} at {entry.path}: {e}") from None
     server = settings.vllm_url or settings.base_url

@@ -19,7 +19,10 @@ Tools = Annotated[
     typer.Option("--tools/--no-tools", help="Actions as tool calls (default: for OpenAI and Anthropic models)."),
 ]
 Prices = Annotated[Path | None, typer.Option(help="Price table (TOML/JSON, USD per 1M tokens) for cost accounting.")]
-Temperature = Annotated[float | None, typer.Option(help="Sampling temperature of model agents.")]
+Temperature = Annotated[
+    float | None,
+    typer.Option(help="Sampling temperature of model agents (tiny models: as trained unless set; 0: greedy)"),
+]
 MaxTokens = Annotated[int | None, typer.Option(help="Most tokens a model agent may write per move.")]
 PerKind = Annotated[
     str | None, typer.Option(help="Concurrency caps per agent kind, e.g. 'openai=16,anthropic=8,hf=32'.")

@@ -59,7 +59,7 @@ class TrainConfig:
     )
     train_scenarios: int = _f(4000, "generated training scenarios (train split)")
     dev_scenarios: int = _f(64, "generated dev scenarios for evaluation during training (dev split)")
-    eval_every: int = _f(50, "evaluate greedily on the dev split every K steps (0 = only at the end)")
+    eval_every: int = _f(50, "evaluate on the dev split every K steps (0 = only at the end)")
     save_every: int = _f(100, "write a resumable checkpoint every K steps (0 = only at the end)")
     no_deal_reward: str = _f("reservation", "reward without a deal: 'reservation' or a number in [0, 1]")
     invalid_penalty: float = _f(0.02, "subtracted from the reward per invalid seller action")

@@ -1,4 +1,4 @@
-"""Greedy evaluation of a compact seller against named buyers on fixed scenarios (paired across models)."""
+"""Evaluation of a compact seller against named buyers on fixed scenarios (paired across models)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,15 @@ def evaluate(
     return out
 
 
-def evaluate_chat(model, tokenizer, scenarios: Sequence[Scenario], buyers: Sequence[str], seed: int = 0):
-    """:func:`evaluate` for chat models (JSON actions through the chat template), greedy."""
+def evaluate_chat(
+    model,
+    tokenizer,
+    scenarios: Sequence[Scenario],
+    buyers: Sequence[str],
+    seed: int = 0,
+    temperature: float | None = None,
+):
+    """:func:`evaluate` for chat models (JSON actions through the chat template)."""
     from .chat_rollout import ChatPolicy, play_chat
 
     out = {}
@@ -72,7 +79,7 @@ def evaluate_chat(model, tokenizer, scenarios: Sequence[Scenario], buyers: Seque
     policy = ChatPolicy(model, tokenizer)
     for spec in buyers:
         factory = resolve(spec)
-        played = asyncio.run(play_chat(policy, scenarios, [factory] * len(scenarios), seeds, None))
+        played = asyncio.run(play_chat(policy, scenarios, [factory] * len(scenarios), seeds, temperature))
         outcomes = [res.outcome for _, res in played]
         out[spec] = BuyerResult(
             spec,

@@ -87,7 +87,8 @@ def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo, started: float) -> t
 
 
 def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, float]]:
-    """Greedy play on the dev split against the dev buyers (never the held-out suite)."""
+    """Play on the dev split against the dev buyers (never the held-out suite), sampled at the rollout temperature
+    with fixed seeds: the policy GRPO trains, measured the same way at every evaluation."""
     from .evaluate import evaluate, evaluate_chat
 
     scenarios = split_scenarios("dev", cfg.dev_scenarios, cfg.max_rounds)
@@ -97,9 +98,9 @@ def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, floa
         if cfg.is_tiny:
             from nego.agents.compact import CompactPolicy
 
-            res = evaluate(CompactPolicy(model, tok), scenarios, DEV_BUYERS)
+            res = evaluate(CompactPolicy(model, tok), scenarios, DEV_BUYERS, temperature=cfg.temperature)
         else:
-            res = evaluate_chat(model, tok, scenarios, DEV_BUYERS)
+            res = evaluate_chat(model, tok, scenarios, DEV_BUYERS, temperature=cfg.temperature)
     finally:
         model.train(was)
     return {k: v.summary() for k, v in res.items()}

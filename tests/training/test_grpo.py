@@ -124,6 +124,10 @@ def test_parameters_change_and_models_are_registered(run):
     assert entry is not None and entry.base == "tiny" and entry.steps == cfg.steps and "dev" in entry.eval
     factory = make_factory(entry)
     assert (factory.spec, factory.kind) == ("tiny-rl", "compact")
+    assert factory.temperature == cfg.temperature  # played as trained: sampled at the rollout temperature
+    assert make_factory(entry, 0.0).temperature is None  # 0 = greedy
+    with pytest.raises(ValueError, match="temperature"):
+        make_factory(entry, -1.0)
     sc = split_scenarios("dev", 1, 4)[0]
     r = asyncio.run(run_negotiation(sc, factory(Role.SELLER, 0), resolve("tft")(Role.BUYER, 0)))
     assert r.outcome.turns >= 1
