@@ -25,7 +25,7 @@ from nego.scenarios.scenario import ScenarioView
 
 from .backends.base import ACTION_TOOLS, ChatMessage
 
-DEFAULT_TEMPLATE = "negotiator-v1"
+DEFAULT_TEMPLATE = "negotiator-v2"
 
 FIELDS: dict[str, str] = {
     "role": "this side: seller or buyer",

@@ -3,10 +3,17 @@
 Workload: N concurrent negotiations (default 32) on generated scenarios, each an LLM seller (the default prompt
 template, text replies, temperature 0.7, 96 new tokens per reply) served by one ``HFBackend`` against a
 Boulware buyer, ``max_rounds`` 2 and no retries after an invalid reply (one model call per seller turn). The
-model is a randomly initialised Llama (hidden 256, 4 layers, 8 heads) with a byte-level BPE tokenizer of
-2,000 tokens trained on rendered prompts, about 4.1M parameters, built into a temporary directory and
-loaded through ``HFBackend.from_spec`` like any checkpoint (float32, CPU). Its replies are noise, so every
-seller turn is an invalid action and every negotiation runs its full length: the same requests in both arms.
+model is a randomly initialised Llama with a byte-level BPE tokenizer of 2,000 tokens trained on rendered
+prompts, built into a temporary directory and loaded through ``HFBackend.from_spec`` like any checkpoint
+(float32, CPU). Its replies are noise, so every seller turn is an invalid action and every negotiation runs its
+full length: the same requests in both arms.
+
+The model's shape follows real chat checkpoints where it matters for batching: grouped-query attention (8 query
+heads sharing 2 key-value heads of 64 dimensions, as Llama 3 and Qwen 2.5 share theirs), so a context token
+costs little cache next to the weights, and weights (49 MiB) larger than a CPU's last-level cache, as every real
+checkpoint's are. A decoding step then mostly reads the weights, once for the whole batch, which is what batching
+saves. ``--hidden 256 --kv-heads 8`` gives the earlier shape (16 MiB of weights, 8 key-value heads of 32
+dimensions), where the cache of 32 rows outweighs the weights and caps what batching can save.
 
 The same run plays the workload twice, once with ``max_batch=1`` (one generate call per request) and once
 with ``max_batch=N``; since a request's completion does not depend on its batch, both arms generate the
@@ -19,6 +26,7 @@ generation path: by default the backend's own (read prompts alone, reuse prefixe
     python bench/batching.py                      # prints a report (3 repeats of both arms)
     python bench/batching.py --out bench/results/batching.txt
     python bench/batching.py --path generate      # the plain transformers generate path, for comparison
+    python bench/batching.py --hidden 256 --kv-heads 8 --template negotiator-v1   # the earlier setup
 """
 
 from __future__ import annotations
@@ -31,18 +39,42 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+TEMPERATURE = 0.7
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
 
-def build_model(path: Path, prompts: list[str]) -> int:
+@dataclass(frozen=True)
+class Shape:
+    """The random model's shape: the default mimics real chat checkpoints' grouped-query attention."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    def kv_bytes_per_token(self) -> int:
+        """float32 keys and values one context token keeps in the cache, all layers."""
+        return 2 * self.kv_heads * (self.hidden // self.heads) * self.layers * 4
+
+    def describe(self, params: int) -> str:
+        return (
+            f"random Llama, hidden {self.hidden}, {self.layers} layers, {self.heads} heads, {self.kv_heads} key-value "
+            f"heads, MLP {self.intermediate}, vocab 2000 BPE, {params / 1e6:.2f}M parameters, float32 "
+            f"({params * 4 / 2**20:.1f} MiB of weights, {self.kv_bytes_per_token() / 1024:g} KiB of cache per token)"
+        )
+
+
+def build_model(path: Path, prompts: list[str], shape: Shape) -> int:
     """Train a BPE tokenizer on ``prompts``, build a random Llama, save both to ``path``; return the parameters."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -61,11 +93,11 @@ def build_model(path: Path, prompts: list[str]) -> int:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=8,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         max_position_embeddings=4096,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
@@ -77,12 +109,12 @@ def build_model(path: Path, prompts: list[str]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def sample_prompts(scenarios) -> list[str]:
+def sample_prompts(scenarios, template_name: str) -> list[str]:
     from nego.agents.prompts import load_template
     from nego.market.types import Observation
     from nego.scenarios.scenario import Role
 
-    template = load_template()
+    template = load_template(template_name)
     out = []
     for sc in scenarios:
         for role in Role:
@@ -91,7 +123,7 @@ def sample_prompts(scenarios) -> list[str]:
     return out
 
 
-async def play(backend, scenarios, max_tokens: int):
+async def play(backend, scenarios, max_tokens: int, template: str):
     from nego.agents.llm import LLMNegotiator
     from nego.agents.registry import resolve
     from nego.market.protocol import ProtocolConfig, run_negotiation
@@ -104,7 +136,9 @@ async def play(backend, scenarios, max_tokens: int):
         *(
             run_negotiation(
                 sc,
-                LLMNegotiator(backend, role=Role.SELLER, seed=i, max_tokens=max_tokens),
+                LLMNegotiator(
+                    backend, role=Role.SELLER, seed=i, template=template, max_tokens=max_tokens, temperature=TEMPERATURE
+                ),
                 buyer(Role.BUYER, i),
                 seed=i,
                 config=config,
@@ -117,12 +151,12 @@ async def play(backend, scenarios, max_tokens: int):
     return results, wall
 
 
-def arm(path: Path, scenarios, max_batch: int, max_tokens: int, split: bool) -> dict:
+def arm(path: Path, scenarios, max_batch: int, max_tokens: int, split: bool, template: str) -> dict:
     from nego.agents.backends.hf import HFBackend
 
     backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch, split_prefill=split)
     cpu = time.process_time()
-    results, wall = asyncio.run(play(backend, scenarios, max_tokens))
+    results, wall = asyncio.run(play(backend, scenarios, max_tokens, template))
     cpu = time.process_time() - cpu
     generated = sum(r.usage_seller.completion_tokens for r in results)
     prompt = sum(r.usage_seller.prompt_tokens for r in results)
@@ -182,21 +216,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--path", choices=("split", "generate"), default="split", help="generation path, both arms")
     ap.add_argument("--repeats", type=int, default=3, help="play both arms this many times, one after the other")
+    ap.add_argument("--template", default=None, help="prompt template (default: the negotiators' default)")
+    ap.add_argument("--hidden", type=int, default=512, help="model width")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8, help="attention (query) heads")
+    ap.add_argument("--kv-heads", type=int, default=2, help="key-value heads (grouped-query attention below --heads)")
+    ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default: about 2.7 x hidden)")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = ap.parse_args()
 
     import torch
+    from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
     from nego.scenarios.generator import generate_scenarios
 
     torch.set_num_threads(args.threads)
+    template = load_template(args.template or DEFAULT_TEMPLATE)
+    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate or args.hidden * 43 // 16)
     scenarios = generate_scenarios(args.negotiations, seed=7, max_rounds=args.max_rounds)
     split = args.path == "split"
     with tempfile.TemporaryDirectory() as tmp:
-        params = build_model(Path(tmp), sample_prompts(scenarios))
+        params = build_model(Path(tmp), sample_prompts(scenarios, template.name), shape)
         pairs = [
             (
-                arm(Path(tmp), scenarios, 1, args.max_tokens, split),
-                arm(Path(tmp), scenarios, args.negotiations, args.max_tokens, split),
+                arm(Path(tmp), scenarios, 1, args.max_tokens, split, template.name),
+                arm(Path(tmp), scenarios, args.negotiations, args.max_tokens, split, template.name),
             )
             for _ in range(args.repeats)
         ]
@@ -204,9 +247,9 @@ def main() -> None:
         "# HFBackend dynamic batching: generated tokens/s, batched vs max_batch=1 (same run)",
         f"command: python bench/batching.py {' '.join(sys.argv[1:])}".rstrip(),
         f"machine: {platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__} CPU, {args.threads} threads",
-        f"model: random Llama, hidden 256, 4 layers, vocab 2000 BPE, {params / 1e6:.2f}M parameters, float32",
-        f"workload: {args.negotiations} concurrent negotiations x {args.max_rounds} seller turns, "
-        f"{args.max_tokens} new tokens per reply, temperature 0.7, per-request seeds",
+        f"model: {shape.describe(params)}",
+        f"workload: {args.negotiations} concurrent negotiations x {args.max_rounds} seller turns, prompt template "
+        f"{template.id}, {args.max_tokens} new tokens per reply, temperature {TEMPERATURE}, per-request seeds",
         f"path (both arms): {args.path}; {args.repeats} repeats, each playing max_batch=1 then max_batch="
         f"{args.negotiations}",
         "",

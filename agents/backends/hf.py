@@ -9,9 +9,10 @@ differences from padding, which can only matter at near-exact ties).
 
 How a batch is generated depends on the device and the model's cache. On CPU, where every layer keeps a plain
 full-attention cache (Llama-like models), each prompt is read on its own, in fixed chunks, reusing the states
-of a recently read prompt that starts the same way (the previous turn of the same negotiation); the rows'
-states are then merged into one left-padded static cache and decoded together. Reading a prompt is
-compute-bound, so padding it into a batch only adds work; a decoding step reads the weights once for all rows.
+of recently read prompts that start the same way (the opening that every negotiation's prompt shares, the
+earlier turns of the same negotiation); the rows' states are then merged into one left-padded static cache and
+decoded together. Reading a prompt is compute-bound, so padding it into a batch only adds work; a decoding step
+reads the weights once for all rows.
 Models with sliding-window or shared key-value layers (Gemma 2-4), and GPUs by default, take one left-padded
 ``generate`` call.
 
@@ -339,10 +340,12 @@ class HFBackend:
         """
         torch, transformers = _require_torch_transformers()
         device, step = self.lm.device, self.prefill_chunk
-        reused, states = self._prefixes.lookup(ids, step) if self._prefixes is not None else (0, [])
+        blocks = self._prefixes.lookup(ids, step) if self._prefixes is not None else []
+        reused = len(blocks) * step
         cache = transformers.DynamicCache(config=self.lm.config)
-        for layer, (keys, values) in enumerate(states):
-            cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+        for layer in range(len(blocks[0]) if blocks else 0):
+            keys = torch.cat([block[layer][0] for block in blocks], dim=2)
+            cache.update(keys, torch.cat([block[layer][1] for block in blocks], dim=2), layer)
         self.stats.prompt_tokens_reused += reused
         out = None
         for start in range(reused, len(ids), step):

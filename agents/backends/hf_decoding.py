@@ -5,9 +5,11 @@ Neither imports torch at module level: the backend hands them its torch module a
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -58,52 +60,73 @@ class RowSampler:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """The states of one chunk of a prompt: each layer's (keys, values) for those positions only."""
+
+    id: int
+    kv: list[tuple[Any, Any]]
+    size: int
+
+
 class PrefixCache:
     """The states of recently read prompts, so a prompt that starts like one read before reads only what is new.
 
-    Only whole chunks are kept and reused (see ``HFBackend._prefill``). Bounded in bytes; the least recently
-    used entry goes first.
+    Prompts are stored chunk by chunk (whole chunks only, see ``HFBackend._prefill``); a chunk is found by its
+    tokens and the chunk before it, so prompts that share a start (every negotiation's system message opening the
+    same way, a later turn repeating an earlier one) share those chunks' states, stored once. Bounded in bytes; the
+    least recently used chunk goes first, and since using a chunk also uses every chunk before it, a prompt's last
+    chunks go before its first ones.
     """
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
         self.used = 0
-        self.entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+        self.blocks: OrderedDict[tuple[int, tuple[int, ...]], _Block] = OrderedDict()
+        self._ids = itertools.count(1)
 
-    def lookup(self, ids: list[int], chunk: int) -> tuple[int, list[tuple[Any, Any]]]:
-        """How many leading tokens of ``ids`` can be reused (whole chunks, always leaving one to read), and the
-        states holding them."""
-        best, best_key = 0, None
-        for key in self.entries:
-            n = common_prefix(key, ids)
-            if n > best:
-                best, best_key = n, key
-        usable = min(best, len(ids) - 1) // chunk * chunk
-        if best_key is None or usable == 0:
-            return 0, []
-        self.entries.move_to_end(best_key)
-        return usable, self.entries[best_key]
+    def lookup(self, ids: list[int], chunk: int) -> list[list[tuple[Any, Any]]]:
+        """The stored states of the longest run of whole leading chunks of ``ids``, always leaving one token to
+        read: one list of per-layer (keys, values) per chunk, in order."""
+        path = self._walk(ids, chunk, len(ids) - 1)
+        self._touch(path)
+        return [self.blocks[key].kv for key in path]
 
     def store(self, ids: list[int], kv: list[tuple[Any, Any]], chunk: int) -> None:
+        """Keep the states of every whole chunk of ``ids`` (``kv``: each layer's keys and values for all of it)."""
         whole = len(ids) // chunk * chunk
-        key = tuple(ids[:whole])
-        if whole == 0 or key in self.entries:
-            return
-        kept = [(k[:, :, :whole].clone(), v[:, :, :whole].clone()) for k, v in kv]
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kept)
-        if size > self.budget:
-            return
-        self.entries[key] = kept
-        self.used += size
+        path = self._walk(ids, chunk, whole)
+        parent = self.blocks[path[-1]].id if path else 0
+        for start in range(len(path) * chunk, whole, chunk):
+            kept = [(k[:, :, start : start + chunk].clone(), v[:, :, start : start + chunk].clone()) for k, v in kv]
+            size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kept)
+            if size > self.budget:
+                break
+            key = (parent, tuple(ids[start : start + chunk]))
+            block = _Block(next(self._ids), kept, size)
+            self.blocks[key] = block
+            self.used += size
+            path.append(key)
+            parent = block.id
+        self._touch(path)
         while self.used > self.budget:
-            _, dropped = self.entries.popitem(last=False)
-            self.used -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in dropped)
+            _, dropped = self.blocks.popitem(last=False)
+            self.used -= dropped.size
 
+    def _walk(self, ids: list[int], chunk: int, limit: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The keys of the stored chunks that ``ids[:limit]`` starts with, in order."""
+        keys: list[tuple[int, tuple[int, ...]]] = []
+        parent = 0
+        for end in range(chunk, limit + 1, chunk):
+            key = (parent, tuple(ids[end - chunk : end]))
+            block = self.blocks.get(key)
+            if block is None:
+                break
+            keys.append(key)
+            parent = block.id
+        return keys
 
-def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    def _touch(self, path: list[tuple[int, tuple[int, ...]]]) -> None:
+        # the first chunks end up the most recently used: a later chunk is useless once an earlier one is gone
+        for key in reversed(path):
+            self.blocks.move_to_end(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,51 @@ def test_reading_a_prompt_after_a_cached_prefix_is_bit_identical_to_reading_it_w
     assert torch.equal(got.logits, want.logits)
     for (gk, gv), (wk, wv) in zip(got.kv, want.kv, strict=True):
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
+async def test_concurrent_negotiations_reuse_their_shared_opening_stored_once(tiny_model):
+    backend = HFBackend.from_spec(str(tiny_model), prefill_chunk=4, max_batch=4)
+    opening = "Rules of the game: offer, accept or walk away. Reply in JSON. " * 2
+    prompts = [
+        (ChatMessage("system", opening + f"You sell {what}."), ChatMessage("user", "Your move."))
+        for what in ("widgets", "gadgets", "sprockets")
+    ]
+    encoded = [backend.encode(p) for p in prompts]
+    same = itertools.takewhile(lambda column: len(set(column)) == 1, zip(*encoded, strict=False))
+    shared = sum(1 for _ in same) // 4 * 4
+    assert shared >= 16
+    try:
+        await backend.complete(ChatRequest(prompts[0], max_tokens=2, temperature=0.0))
+        await asyncio.gather(*(backend.complete(ChatRequest(p, max_tokens=2, temperature=0.0)) for p in prompts[1:]))
+    finally:
+        await backend.aclose()
+    assert backend.stats.prompt_tokens_reused == 2 * shared
+    cache = backend._prefixes
+    whole = [len(ids) // 4 for ids in encoded]
+    distinct = sum(whole) - 2 * (shared // 4)  # the shared opening's chunks are kept once, not three times
+    assert distinct == len({tuple(ids[:end]) for ids in encoded for end in range(4, len(ids) + 1, 4)})
+    block = cache.used // len(cache.blocks)
+    assert len(cache.blocks) == distinct and cache.used == distinct * block
+
+
+def test_over_budget_a_prompts_last_chunks_go_before_its_shared_first_ones():
+    import torch
+    from nego.agents.backends.hf_decoding import PrefixCache
+
+    def states(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.randn(1, 2, n, 3), torch.randn(1, 2, n, 3))]
+
+    block = 2 * 2 * 2 * 3 * 4  # one chunk of 2 tokens: keys and values, 2 heads x 3 dims, float32
+    cache = PrefixCache(budget_bytes=5 * block)
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9]
+    cache.store(a, states(8), chunk=2)
+    assert len(cache.lookup([*a, 0], 2)) == 4 and cache.used == 4 * block
+    cache.store(b, states(8), chunk=2)  # shares two chunks with a: two new ones, one of a's over the budget
+    assert cache.used == 5 * block
+    assert len(cache.lookup([*b, 0], 2)) == 4  # the newest prompt whole
+    assert len(cache.lookup([*a, 0], 2)) == 3  # a lost its last chunk only
+    assert len(cache.lookup([1, 2, 3, 4, 0], 2)) == 2  # the shared opening stays
+    assert len(cache.lookup([1, 2], 2)) == 0  # one token is always left to read
 
 
 async def test_a_sliding_window_model_takes_the_generate_path_and_still_batches_exactly(sliding_model):

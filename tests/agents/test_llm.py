@@ -55,7 +55,7 @@ async def test_full_negotiation_reaches_the_scripted_deal(servers, seller_tools,
     assert r.outcome.invalid_seller == r.outcome.invalid_buyer == 0
     assert r.usage_seller.calls == 6 and r.usage_buyer.calls == 6 and r.usage_buyer.prompt_tokens > 0
     env = read_envelope(r.turns[0].action.raw)
-    assert env["prompt"] == seller.prompt_id and env["prompt"].startswith("negotiator-v1:")
+    assert env["prompt"] == seller.prompt_id and env["prompt"].startswith("negotiator-v2:")
     seeds = [req.body["seed"] for req in servers[0].requests]
     assert len(set(seeds)) == 6  # one sampling seed per round
     # the free-text message travels to the other side with the binding offer it came with

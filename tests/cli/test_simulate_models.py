@@ -79,7 +79,7 @@ def test_simulate_with_an_openai_seller(tmp_path, fake_server, monkeypatch):
     assert (neg["seller_prompt_tokens"] > 0).all()
     turns = read_turns(out)
     seller_raw = turns.filter(turns["role"] == "seller")["raw"].to_list()
-    assert all("negotiator-v1:" in r for r in seller_raw)  # the prompt template id is recorded with every move
+    assert all("negotiator-v2:" in r for r in seller_raw)  # the prompt template id is recorded with every move
     for table in (neg, turns):  # the API key is nowhere in the transcripts
         assert not any(API_KEY in str(v) for row in table.iter_rows() for v in row)
 
