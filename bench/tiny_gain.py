@@ -6,7 +6,8 @@
 
 The scenarios come from the held-out split (never used for training or for choosing defaults); the buyers are
 families absent from the training pool (walker, picky) plus a hardliner as a diagnostic. Both models play the
-identical negotiations greedily, so the gain is a paired difference with a bootstrap 95% interval.
+identical negotiations (greedily, or sampled with the same per-negotiation seeds), so the gain is a paired difference
+with a bootstrap 95% interval.
 With ``--split dev`` it plays the dev split against buyers from the training families instead: that is where
 defaults are chosen; the held-out split and buyers are read once, for the final measurement.
 """
@@ -44,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=200, help="held-out scenarios per buyer")
     ap.add_argument("--split", choices=("heldout", "dev"), default="heldout")
     ap.add_argument("--buyers", default="", help="semicolon-separated specs (default: by split)")
-    ap.add_argument("--max-rounds", type=int, default=8)
+    ap.add_argument("--max-rounds", type=int, default=10)
+    ap.add_argument(
+        "--openers", choices=("both", "seller"), default="both", help="both: every second scenario opened by the buyer"
+    )
     ap.add_argument("--out", default="", help="also write the table to this file")
     ap.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy; > 0: sample at this temperature (GRPO trains T=1)"
@@ -64,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: model(s) {', '.join(missing)} not registered; run `nego train` first", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    scenarios = split_scenarios(args.split, args.n, args.max_rounds)
+    from nego.scenarios.scenario import Role
+
+    openers = (Role.SELLER, Role.BUYER) if args.openers == "both" else (Role.SELLER,)
+    scenarios = split_scenarios(args.split, args.n, args.max_rounds, openers)
     default = HELDOUT_BUYERS if args.split == "heldout" else DEV_BUYERS
     buyers = [b.strip() for b in args.buyers.split(";") if b.strip()] if args.buyers else default
     temperature = args.temperature or None
@@ -74,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     decoding = "greedy" if temperature is None else f"sampled at T={temperature:g}"
     lines = [
-        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, {decoding}, "
+        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, {args.max_rounds} rounds, "
+        f"opened by {'seller and buyer alternately' if args.openers == 'both' else 'the seller'}, {decoding}, "
         "paired bootstrap (10,000 resamples)",
         f"base = {args.base} ({entries[args.base].path}), trained = {args.trained} ({entries[args.trained].path}, "
         f"{entries[args.trained].steps} GRPO steps)",

@@ -51,7 +51,7 @@ class TrainConfig:
     temperature: float = _f(1.0, "sampling temperature during rollouts")
     finetune: str = _f("full", "full or lora (LoRA adapters; real models)")
     lora_rank: int = _f(16, "LoRA rank when finetune = lora")
-    max_rounds: int = _f(8, "rounds per negotiation during training (each side moves once per round)")
+    max_rounds: int = _f(10, "rounds per negotiation during training (each side moves once per round)")
     max_tokens: int = _f(512, "cap on one episode's tokens after the prompt; longer episodes are an error")
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),

@@ -187,15 +187,18 @@ def build_trainer(
     *,
     reward_func: Callable[..., list[float]] | None = None,
     rollout_cls: type | None = None,
+    scenarios: list | None = None,
 ) -> tuple:
     """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box).
 
-    ``reward_func`` and ``rollout_cls`` replace the outcome reward and the rollout class (diagnostics such as
-    bench/grpo_sanity.py use them to test the same wiring with a reward that is known to be learnable)."""
+    ``reward_func``, ``rollout_cls`` and ``scenarios`` replace the outcome reward, the rollout class and the training
+    split (diagnostics such as bench/grpo_sanity.py use them to test the same wiring with a reward that is known to
+    be learnable)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    if scenarios is None:
+        scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
     if rollout_cls is None:
         rollout_cls = MarketRollout
         if not cfg.is_tiny:

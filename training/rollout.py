@@ -29,9 +29,15 @@ from .pool import BuyerPool
 SPLIT_SEEDS = {"train": 7101, "dev": 7202, "heldout": 7303}
 
 
-def split_scenarios(split: str, n: int, max_rounds: int = 10) -> list[Scenario]:
-    """The first ``n`` generated scenarios of ``split`` (train, dev or heldout)."""
-    return generate_scenarios(n, SPLIT_SEEDS[split], max_rounds=max_rounds)
+def split_scenarios(
+    split: str, n: int, max_rounds: int = 10, openers: Sequence[Role] = (Role.SELLER, Role.BUYER)
+) -> list[Scenario]:
+    """The first ``n`` generated scenarios of ``split`` (train, dev or heldout); scenario ``i`` is opened by
+    ``openers[i % len(openers)]``, so by default half are opened by the buyer, as in the evaluation suites."""
+    if not openers:
+        raise ValueError("openers must name at least one role")
+    scenarios = generate_scenarios(n, SPLIT_SEEDS[split], max_rounds=max_rounds)
+    return [s.with_opener(openers[i % len(openers)]) for i, s in enumerate(scenarios)]
 
 
 @dataclass(frozen=True, slots=True)

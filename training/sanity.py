@@ -27,6 +27,8 @@ from .rewards import RewardFunc, outcome_reward
 from .rollout import Episode, MarketRollout, play, to_hook_dict
 
 REWARDS = ("first-offer", "outcome")
+OPENERS = (Role.SELLER,)
+"""The check's scenarios are opened by the seller: the first-offer reward scores the opening offer."""
 
 
 @dataclass
@@ -120,7 +122,7 @@ def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=cfg.seed)
-    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS)
     pool = BuyerPool(tuple(cfg.train_buyers))
     traces = record_transcripts(scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed)
     r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
@@ -130,6 +132,7 @@ def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
 def run_sanity(cfg: TrainConfig, model: Any, tok: Any, kind: str) -> SanityRun:
     """GRPO on a copy of ``model`` through ``grpo.build_trainer`` with the sanity reward; returns the logs."""
     from . import grpo
+    from .rollout import split_scenarios
 
     checks = SanityChecks()
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,6 +145,7 @@ def run_sanity(cfg: TrainConfig, model: Any, tok: Any, kind: str) -> SanityRun:
             time.perf_counter(),
             reward_func=sanity_reward(kind, checks, cfg.group_size, cfg.invalid_penalty),
             rollout_cls=sanity_rollout_cls(checks),
+            scenarios=split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS),
         )
         t0 = time.perf_counter()
         trainer.train()

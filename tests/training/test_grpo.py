@@ -66,13 +66,22 @@ def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
+def test_splits_alternate_openers_like_the_evaluation_suites():
+    scenarios = split_scenarios("train", 6, 7)
+    assert [s.opener for s in scenarios] == [Role.SELLER, Role.BUYER] * 3 and {s.max_rounds for s in scenarios} == {7}
+    assert {s.opener for s in split_scenarios("dev", 4, 7, (Role.SELLER,))} == {Role.SELLER}
+    with pytest.raises(ValueError, match="openers"):
+        split_scenarios("dev", 2, 7, ())
+
+
 def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
     from nego.training.tiny_model import build_tiny_model
     from nego.training.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     policy = CompactPolicy(build_tiny_model(tok), tok)
-    scenarios = [widget_scenario, *split_scenarios("dev", 3, 5)]
+    scenarios = [widget_scenario, *split_scenarios("dev", 3, 5)]  # the second dev scenario is opened by the buyer
+    assert scenarios[2].opener is Role.BUYER
     buyers = [resolve("timedep:e=1")] * 4
     episodes = asyncio.run(play(policy, scenarios, buyers, [1, 2, 3, 4], temperature=1.0))
     hook = to_hook_dict(episodes, policy, 1024)
