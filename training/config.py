@@ -20,7 +20,7 @@ GEMMA_SIZES: dict[str, str] = {
     "31b": "google/gemma-4-31B-it",
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
-TINY_DEFAULT_LR = 3e-5  # dev-split sweep: bench/results/tiny_dev_sweep.txt
+TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
 # Time-dependent buyers of random speed that may run out of patience (walk away at a round the seller cannot
 # see) or hold out above their reservation, plus tit-for-tat: a pool where holding out has a price.
 DEFAULT_TRAIN_BUYERS = ("timedep:e=0.3..3,patience=0.4..1", "timedep:e=0.3..3,margin=0..0.15", "tft")
@@ -42,7 +42,7 @@ class TrainConfig:
     model: str = _f(TINY, "seller model: tiny (built from scratch), 2.3b, 4.5b, 12b, 31b (Gemma 4) or hf:PATH")
     name: str = _f("", "registry name of the result (registered as NAME and NAME-rl); default: derived from model")
     output_dir: str = _f("", "where checkpoints, logs and final weights go; default: $NEGO_HOME/runs/NAME")
-    lr: float = _f(0.0, "GRPO learning rate; 0 = default (3e-5 for tiny, from a dev-split sweep; 1e-6 otherwise)")
+    lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from dev-split arms; 1e-6 otherwise)")
     group_size: int = _f(8, "negotiations per scenario in one GRPO group (G >= 2)")
     scenarios_per_step: int = _f(8, "scenarios per optimizer step; batch = scenarios_per_step * group_size")
     steps: int = _f(400, "GRPO optimizer steps")
@@ -62,7 +62,7 @@ class TrainConfig:
     eval_every: int = _f(50, "evaluate on the dev split every K steps (0 = only at the end)")
     save_every: int = _f(100, "write a resumable checkpoint every K steps (0 = only at the end)")
     no_deal_reward: str = _f("reservation", "reward without a deal: 'reservation' or a number in [0, 1]")
-    invalid_penalty: float = _f(0.02, "subtracted from the reward per invalid seller action")
+    invalid_penalty: float = _f(0.1, "subtracted from the reward per invalid seller action")
     sft_episodes: int = _f(3000, "rule-based transcripts for the warm start (tiny model)")
     sft_steps: int = _f(300, "warm-start optimizer steps (tiny model; 0 = skip)")
     sft_lr: float = _f(2e-3, "warm-start learning rate")

@@ -29,7 +29,7 @@ def test_bad_values_are_rejected(override, message):
 
 def test_defaults_toml_and_cli_fill_the_same_dataclass(tmp_path):
     cfg = TrainConfig().validate()
-    assert cfg.learning_rate == 3e-5 and cfg.run_name == "tiny"
+    assert cfg.learning_rate == 1e-4 and cfg.run_name == "tiny"
     assert from_mapping({"model": "4.5b"}).learning_rate == 1e-6
     path = tmp_path / "t.toml"
     path.write_text('[train]\ngroup_size = 4\nlr = 3e-5\ntrain_buyers = ["tft", "timedep:e=1..2"]\n')
