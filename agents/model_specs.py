@@ -260,6 +260,9 @@ def _registered(name: str, settings: LLMSettings):
             return make_factory(entry, settings.temperature)
         except (OSError, RuntimeError, ValueError) as e:
             raise ModelSpecError(f"model {name!r} at {entry.path}: {e}") from None
+    trained_on = entry.config.get("template")
+    if trained_on and settings.template == DEFAULT_TEMPLATE:  # play a chat model with its training prompt
+        settings = replace(settings, template=str(trained_on))
     server = settings.vllm_url or settings.base_url
     if server:
         return _vllm_factory(name, entry.path, server, settings)

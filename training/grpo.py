@@ -271,7 +271,14 @@ def _format(cfg: TrainConfig) -> str:
 
 
 def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
-    return {"stage": stage, "learning_rate": cfg.learning_rate, **{k: v for k, v in vars(cfg).items() if k != "resume"}}
+    """What the registry records about a run; chat models also record the prompt template they were trained on,
+    which is how they are played unless the user names another."""
+    out = {"stage": stage, "learning_rate": cfg.learning_rate, **{k: v for k, v in vars(cfg).items() if k != "resume"}}
+    if not cfg.is_tiny:
+        from nego.agents.prompts import DEFAULT_TEMPLATE
+
+        out["template"] = DEFAULT_TEMPLATE
+    return out
 
 
 def finish(cfg, trainer, tok, run_dir: Path, base_name: str, stopped: bool, started: float, echo: Echo) -> TrainResult:

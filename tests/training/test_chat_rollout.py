@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from importlib import resources
 
 import pytest
-from nego.agents.model_registry import lookup
+from nego.agents.model_registry import lookup, register
+from nego.agents.model_specs import LLMSettings, resolve_model_spec
+from nego.agents.prompts import DEFAULT_TEMPLATE
 from nego.agents.registry import resolve
 from nego.training import grpo
 from nego.training.chat_rollout import ChatPolicy, TemplateError, play_chat, user_suffix_ids
@@ -108,3 +112,10 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
     assert result.steps == 2 and (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
     base, rl = lookup("toy"), lookup("toy-rl")
     assert base.format == rl.format == "hf" and rl.base == "toy" and rl.steps == 2
+    assert rl.config["template"] == DEFAULT_TEMPLATE
+    # a model is played with the prompt it was trained on, unless the user names another
+    register(replace(rl, name="old-rl", config={**rl.config, "template": "negotiator-v1"}))
+    assert resolve_model_spec("old-rl", LLMSettings()).prompt_id.startswith("negotiator-v1:")
+    mine = tmp_path / "mine.txt"
+    mine.write_text((resources.files("nego.agents") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())
+    assert resolve_model_spec("old-rl", LLMSettings(template=str(mine))).prompt_id.startswith("mine:")
