@@ -77,9 +77,24 @@ def parse_per_kind(text: str | None) -> dict[str, int]:
     return caps
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated specs; a piece like ``patience=0.4..1`` (a parameter, no family name) continues the spec
+    before it, so ``timedep:e=1,patience=0.5,tft`` is two specs."""
+    out: list[str] = []
+    for piece in (s.strip() for s in text.split(",")):
+        if not piece:
+            continue
+        if out and "=" in piece and ":" not in piece:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def parse_specs(text: str, what: str) -> tuple[str, ...]:
-    """'a, b,c' -> ('a', 'b', 'c'); a usage error if nothing is left."""
-    specs = tuple(s.strip() for s in text.split(",") if s.strip())
+    """'a, b,c' -> ('a', 'b', 'c') (parameters after a comma stay with their spec, see :func:`split_specs`); a
+    usage error if nothing is left."""
+    specs = tuple(split_specs(text))
     if not specs:
         raise typer.BadParameter(f"give at least one {what} spec, comma-separated")
     return specs

@@ -10,25 +10,13 @@ from typing import Any, Optional
 import typer
 from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
 
+from .options import split_specs
+
 
 def _annotation(default: Any) -> Any:
     if isinstance(default, list):
         return Optional[str]  # noqa: UP045 - typer reads the annotation at runtime
     return Optional[type(default)]  # noqa: UP045
-
-
-def split_specs(text: str) -> list[str]:
-    """Comma-separated specs; a piece like ``patience=0.4..1`` (a parameter, no family name) continues the spec
-    before it, so ``timedep:e=1,patience=0.5,tft`` is two specs."""
-    out: list[str] = []
-    for piece in (s.strip() for s in text.split(",")):
-        if not piece:
-            continue
-        if out and "=" in piece and ":" not in piece:
-            out[-1] += "," + piece
-        else:
-            out.append(piece)
-    return out
 
 
 def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:

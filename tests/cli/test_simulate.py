@@ -91,3 +91,18 @@ def test_bad_options_are_rejected(tmp_path, bad):
 def test_agents_lists_specs():
     res = runner.invoke(app, ["agents"])
     assert res.exit_code == 0 and "boulware" in res.output
+
+
+def test_specs_with_several_parameters_survive_the_comma_list(tmp_path):
+    from nego.cli.options import parse_specs
+
+    assert parse_specs("timedep:e=1,patience=0.5, tft,walker:k=4,delta=0.02", "buyer") == (
+        "timedep:e=1,patience=0.5",
+        "tft",
+        "walker:k=4,delta=0.02",
+    )
+    out = tmp_path / "run"
+    args = ["simulate", "--days", "1", "--negotiations", "4", "--out", str(out), "--no-live"]
+    res = runner.invoke(app, [*args, "--buyers", "timedep:e=1,patience=0.5,tft"])
+    assert res.exit_code == 0, res.output
+    assert set(read_negotiations(out, latest=True)["buyer"]) <= {"timedep:e=1,patience=0.5", "tft"}
