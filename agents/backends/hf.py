@@ -17,8 +17,10 @@ Models with sliding-window or shared key-value layers (Gemma 2-4), and GPUs by d
 ``generate`` call.
 
 Checkpoints load with ``AutoModelForCausalLM``; multimodal checkpoints that only map to an image-text-to-text
-class (some Gemma sizes) fall back to ``AutoModelForImageTextToText`` and are driven with text only. Replies
-are plain text (``supports_tools`` is False): the negotiator asks for a JSON action block in the prompt.
+class (some Gemma sizes) fall back to ``AutoModelForImageTextToText`` and are driven with text only. A directory
+holding a LoRA adapter (``adapter_config.json``, as ``nego train --finetune lora`` writes) loads its base model and
+folds the adapter into the weights. Replies are plain text (``supports_tools`` is False): the negotiator asks for
+a JSON action block in the prompt.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -172,11 +175,17 @@ class HFBackend:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = _dtype(torch, dtype, device)
         source = _source(path_or_id)
+        base = _adapter_base(source)
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-            model = _load_model(transformers, source, torch_dtype)
+            if base is None:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+                model = _load_model(transformers, source, torch_dtype)
+            else:
+                has_tokenizer = (Path(source) / "tokenizer_config.json").exists()
+                tokenizer = transformers.AutoTokenizer.from_pretrained(source if has_tokenizer else base)
+                model = _merge_adapter(_load_model(transformers, _source(base), torch_dtype), source)
         except OSError as e:
-            raise BackendError(_load_hint(path_or_id, e)) from None
+            raise BackendError(_load_hint(base or path_or_id, e)) from None
         return cls(
             model.to(device),
             tokenizer,
@@ -456,6 +465,30 @@ def _source(path_or_id: str) -> str:
     if looks_local and not path.exists():
         raise BackendError(f"no model directory at {path}: pass a directory holding config.json and the weights")
     return path_or_id
+
+
+def _adapter_base(source: str) -> str | None:
+    """The base model a LoRA adapter directory was trained from (``nego train --finetune lora`` writes one), or
+    None when ``source`` is a full checkpoint."""
+    config = Path(source) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise BackendError(f"{config}: unreadable adapter config ({e})") from None
+    if not base:
+        raise BackendError(f"{config} names no base_model_name_or_path; the adapter cannot be loaded without its base")
+    return str(base)
+
+
+def _merge_adapter(model: Any, adapter_dir: str) -> Any:
+    """Apply a LoRA adapter and fold it into the weights, so that serving costs what the base model costs."""
+    try:
+        from peft import PeftModel
+    except ModuleNotFoundError:
+        raise BackendError(f"{adapter_dir} is a LoRA adapter, which needs peft: pip install 'nego[train]'") from None
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
 
 
 def _load_model(transformers: Any, source: str, torch_dtype: Any) -> Any:

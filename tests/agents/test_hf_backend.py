@@ -303,3 +303,29 @@ def test_loading_errors_say_what_to_do(tmp_path, monkeypatch):
         HFBackend.from_spec("nego-test/not-a-model")
     with pytest.raises(ValueError, match="dtype must be one of"):
         HFBackend.from_spec(str(tmp_path), dtype="int3")
+
+
+def test_a_lora_adapter_directory_loads_on_its_base_with_the_adapter_folded_in(tiny_model, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():  # a trained adapter: B starts at zero, which would leave the base unchanged
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    adapter = tmp_path / "toy-rl"
+    peft_model.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(adapter)
+    ids = torch.tensor([[1, 5, 9, 13, 17]])
+    with torch.no_grad():
+        expected = peft_model(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model)(input_ids=ids).logits
+        got = HFBackend.from_spec(str(adapter)).lm(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-4) and not torch.allclose(got, plain, atol=1e-3)
+
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    with pytest.raises(BackendError, match="base_model_name_or_path"):
+        HFBackend.from_spec(str(adapter))

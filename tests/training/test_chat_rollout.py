@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from nego.agents.model_registry import lookup, register
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
 from nego.agents.prompts import DEFAULT_TEMPLATE
 from nego.agents.registry import resolve
+from nego.market.protocol import run_negotiation
+from nego.scenarios.scenario import Role
 from nego.training import grpo
 from nego.training.chat_rollout import ChatPolicy, TemplateError, play_chat, user_suffix_ids
 from nego.training.config import TrainConfig
@@ -119,3 +122,34 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
     mine = tmp_path / "mine.txt"
     mine.write_text((resources.files("nego.agents") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())
     assert resolve_model_spec("old-rl", LLMSettings(template=str(mine))).prompt_id.startswith("mine:")
+
+
+def test_a_lora_run_registers_an_adapter_that_plays_on_its_base(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    _tiny_chat_model(tmp_path / "m")
+    cfg = TrainConfig(
+        model=f"hf:{tmp_path / 'm'}",
+        name="toyl",
+        finetune="lora",
+        lora_rank=4,
+        output_dir=str(tmp_path / "run"),
+        steps=1,
+        group_size=2,
+        scenarios_per_step=1,
+        train_scenarios=1,
+        dev_scenarios=1,
+        max_rounds=1,
+        max_tokens=8192,
+        eval_every=0,
+        save_every=0,
+        threads=1,
+        time_budget_min=0,
+        lr=1e-3,
+    )
+    grpo.train(cfg, echo=lambda s: None)
+    entry = lookup("toyl-rl")
+    assert (Path(entry.path) / "adapter_config.json").is_file()
+    factory = resolve_model_spec("toyl-rl", LLMSettings(max_tokens=8))
+    sc = split_scenarios("dev", 1, 1)[0]
+    result = asyncio.run(run_negotiation(sc, factory(Role.SELLER, 0), resolve("tft")(Role.BUYER, 0)))
+    assert result.outcome.turns >= 1
