@@ -112,6 +112,18 @@ DAY_SCHEMA = pl.Schema(
 )
 
 
+def check_tradeable(scenario: Scenario) -> None:
+    """Raise ValueError unless deals on ``scenario`` can be settled: a quantity or price issue must not admit
+    negative values (settling one would add stock to the seller and take money from it)."""
+    for issue in scenario.issues:
+        tradeable = issue.name in QUANTITY_ISSUES or issue.name == "price" or issue.name.endswith("_price")
+        if tradeable and issue.low is not None and issue.low < 0:
+            raise ValueError(
+                f"scenario {scenario.id!r}: issue {issue.name!r} admits {issue.low} < 0, which the market cannot "
+                f"settle; give it low >= 0"
+            )
+
+
 def _find_issue(offer: Offer, names: Sequence[str], suffix: str | None = None) -> float | None:
     for key, value in offer.items():
         if (key in names or (suffix and key.endswith(suffix))) and not isinstance(value, str):
@@ -162,6 +174,9 @@ class MarketModel(mesa.Model):
             raise ValueError(f"days must be >= 1, got {days}")
         if scenarios is not None and not callable(scenarios) and not scenarios:
             raise ValueError("scenarios is an empty list: give at least one scenario, or None for generated ones")
+        if scenarios is not None and not callable(scenarios):
+            for scenario in scenarios:
+                check_tradeable(scenario)
         self.seed = seed
         self.days = days
         self.run_id = run_id or f"market-{seed}"
@@ -207,7 +222,9 @@ class MarketModel(mesa.Model):
 
             source = generate_scenario
         if callable(source):
-            return source(int(self.rng.integers(2**31)))
+            scenario = source(int(self.rng.integers(2**31)))
+            check_tradeable(scenario)
+            return scenario
         return source[int(self.rng.integers(len(source)))]
 
     def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[Job]:

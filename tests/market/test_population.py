@@ -113,3 +113,19 @@ def test_generated_scenarios_by_default():
     with MarketModel(factories("a", "b"), [SellerSetup("a", 3)], [BuyerSetup("b", 3)], days=2, seed=4) as m:
         days = m.run()
     assert days["pairs"].sum() >= 1 and days["errors"].sum() == 0
+
+
+def test_a_scenario_with_negative_quantities_is_refused_before_any_day():
+    from dataclasses import replace
+
+    from nego.scenarios.issues import Issue, IssueKind
+
+    good = SCENARIOS[0]
+    issues = tuple(
+        Issue("quantity", IssueKind.INT, low=-5, high=10) if i.name == "quantity" else i for i in good.issues
+    )
+    bad = replace(good, id="returns", issues=issues)
+    with pytest.raises(ValueError, match=r"'returns'.*'quantity' admits -5 < 0.*low >= 0"):
+        MarketModel(factories("a", "b"), [SellerSetup("a", 5)], [BuyerSetup("b", 5)], scenarios=[good, bad])
+    with pytest.raises(ValueError, match="'quantity' admits -5"), model(0, scenarios=lambda seed: bad) as m:
+        m.run()
