@@ -28,17 +28,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nego.market.types import Usage
 
 from .base import BackendError, ChatMessage, ChatRequest, ChatResponse
 from .hf_decoding import PrefixCache, RowSampler
+from .hf_loading import load_checkpoint, torch_dtype
 
 INSTALL_HINT = "the hf backend needs torch and transformers: pip install 'nego[train]'"
 
@@ -173,19 +171,7 @@ class HFBackend:
         """
         torch, transformers = _require_torch_transformers()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = _dtype(torch, dtype, device)
-        source = _source(path_or_id)
-        base = _adapter_base(source)
-        try:
-            if base is None:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-                model = _load_model(transformers, source, torch_dtype)
-            else:
-                has_tokenizer = (Path(source) / "tokenizer_config.json").exists()
-                tokenizer = transformers.AutoTokenizer.from_pretrained(source if has_tokenizer else base)
-                model = _merge_adapter(_load_model(transformers, _source(base), torch_dtype), source)
-        except OSError as e:
-            raise BackendError(_load_hint(base or path_or_id, e)) from None
+        model, tokenizer = load_checkpoint(transformers, path_or_id, torch_dtype(torch, dtype, device))
         return cls(
             model.to(device),
             tokenizer,
@@ -445,71 +431,3 @@ def _fold_system(chat: list[dict[str, str]]) -> list[dict[str, str]]:
     else:
         rest.insert(0, {"role": "user", "content": system})
     return rest
-
-
-def _dtype(torch: Any, dtype: str | None, device: str) -> Any:
-    names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
-    if dtype is None:
-        gpu_bf16 = device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if gpu_bf16 else torch.float32
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of {', '.join(names)}; got {dtype!r}")
-    return names[dtype]
-
-
-def _source(path_or_id: str) -> str:
-    path = Path(path_or_id).expanduser()
-    if path.is_dir():
-        return str(path)
-    looks_local = path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") > 1
-    if looks_local and not path.exists():
-        raise BackendError(f"no model directory at {path}: pass a directory holding config.json and the weights")
-    return path_or_id
-
-
-def _adapter_base(source: str) -> str | None:
-    """The base model a LoRA adapter directory was trained from (``nego train --finetune lora`` writes one), or
-    None when ``source`` is a full checkpoint."""
-    config = Path(source) / "adapter_config.json"
-    if not config.is_file():
-        return None
-    try:
-        base = json.loads(config.read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError) as e:
-        raise BackendError(f"{config}: unreadable adapter config ({e})") from None
-    if not base:
-        raise BackendError(f"{config} names no base_model_name_or_path; the adapter cannot be loaded without its base")
-    return str(base)
-
-
-def _merge_adapter(model: Any, adapter_dir: str) -> Any:
-    """Apply a LoRA adapter and fold it into the weights, so that serving costs what the base model costs."""
-    try:
-        from peft import PeftModel
-    except ModuleNotFoundError:
-        raise BackendError(f"{adapter_dir} is a LoRA adapter, which needs peft: pip install 'nego[train]'") from None
-    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
-
-
-def _load_model(transformers: Any, source: str, torch_dtype: Any) -> Any:
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-    except ValueError as causal_error:
-        # a multimodal checkpoint with no causal-LM mapping: drive its text path through the image-text class
-        try:
-            return transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch_dtype)
-        except ValueError:
-            raise BackendError(
-                f"{source}: not a causal or image-text-to-text language model ({causal_error})"
-            ) from None
-
-
-def _load_hint(path_or_id: str, error: OSError) -> str:
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        how = (
-            "HF_HUB_OFFLINE is set, so only the local cache is searched: download it first "
-            f"(`hf download {path_or_id}`) on a machine with network, or pass a local directory"
-        )
-    else:
-        how = "check the hub id (and HF_TOKEN for gated models) or pass a local directory"
-    return f"could not load model {path_or_id!r}: {how}. ({type(error).__name__}: {str(error)[:300]})"
