@@ -91,26 +91,28 @@ def test_a_non_prefix_preserving_template_is_refused(tmp_path):
         user_suffix_ids(tok, "hello")
 
 
-def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
-    _tiny_chat_model(tmp_path / "m")
-    cfg = TrainConfig(
+def toy_config(tmp_path, **options) -> TrainConfig:
+    """A few GRPO steps on the tiny chat model saved at ``tmp_path / "m"``."""
+    defaults = dict(
         model=f"hf:{tmp_path / 'm'}",
-        name="toy",
         output_dir=str(tmp_path / "run"),
-        steps=2,
         group_size=2,
         scenarios_per_step=1,
-        train_scenarios=2,
         dev_scenarios=1,
-        max_rounds=2,
         max_tokens=8192,
         eval_every=0,
-        save_every=1,
+        save_every=0,
         threads=1,
         time_budget_min=0,
         lr=1e-3,
     )
+    return TrainConfig(**{**defaults, **options})
+
+
+def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    _tiny_chat_model(tmp_path / "m")
+    cfg = toy_config(tmp_path, name="toy", steps=2, train_scenarios=2, max_rounds=2, save_every=1)
     result = grpo.train(cfg, echo=lambda s: None)
     assert result.steps == 2 and (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
     base, rl = lookup("toy"), lookup("toy-rl")
@@ -127,25 +129,7 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
 def test_a_lora_run_registers_an_adapter_that_plays_on_its_base(tmp_path, monkeypatch):
     monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
     _tiny_chat_model(tmp_path / "m")
-    cfg = TrainConfig(
-        model=f"hf:{tmp_path / 'm'}",
-        name="toyl",
-        finetune="lora",
-        lora_rank=4,
-        output_dir=str(tmp_path / "run"),
-        steps=1,
-        group_size=2,
-        scenarios_per_step=1,
-        train_scenarios=1,
-        dev_scenarios=1,
-        max_rounds=1,
-        max_tokens=8192,
-        eval_every=0,
-        save_every=0,
-        threads=1,
-        time_budget_min=0,
-        lr=1e-3,
-    )
+    cfg = toy_config(tmp_path, name="toyl", finetune="lora", lora_rank=4, steps=1, train_scenarios=1, max_rounds=1)
     grpo.train(cfg, echo=lambda s: None)
     entry = lookup("toyl-rl")
     assert (Path(entry.path) / "adapter_config.json").is_file()
