@@ -95,7 +95,10 @@ def eval_(
 
     console = _console()
     try:
+        settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()
+        play = {"template": settings.template, "temperature": settings.temperature, "max_tokens": settings.max_tokens}
         config = EvalConfig(
+            play={**play, "tools": settings.tools},
             sellers=parse_specs(sellers, "seller"),
             out=out or Path("runs") / "eval" / Path(suite).stem,
             suite=suite,
@@ -109,7 +112,6 @@ def eval_(
         )
         from nego.agents.registry import resolve
 
-        settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()
         result = evaluate(config, factories=lambda spec: resolve(spec, settings))
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")

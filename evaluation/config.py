@@ -34,6 +34,9 @@ class EvalConfig:
     """Replay rule-based buyers to compute the optimality gap."""
     per_kind: Mapping[str, int] = field(default_factory=dict)
     """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency``."""
+    play: Mapping[str, Any] = field(default_factory=dict)
+    """How model agents are played (template, temperature, max tokens, tools): recorded in ``run.json``, and a
+    rerun into the same directory with other values is refused, so one run never mixes two ways of playing."""
 
     def __post_init__(self) -> None:
         if not self.sellers:

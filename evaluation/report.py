@@ -239,6 +239,7 @@ def write_report(directory: Path) -> Path:
         f"- n = {per_arm.height} negotiations per arm over {per_arm['scenario_id'].n_unique()} scenarios "
         f"(clusters); held-out buyers {', '.join(f'`{b}`' for b in man['buyers'])}{diag}",
         f"- base arm: `{man['sellers'][0]}`; gains are paired differences (arm - base) on identical negotiations",
+        *_play_line(man.get("play") or {}),
         "",
         "Intervals are 95% percentile intervals of a cluster bootstrap "
         f"({man['resamples']:,} resamples, seed {man['seed']}) that resamples whole scenarios, so the openers, "
@@ -270,3 +271,11 @@ def write_report(directory: Path) -> Path:
     path = run.directory / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _play_line(play: dict) -> list[str]:
+    """How model agents were played, when the run recorded it (temperature None: each model's own default)."""
+    if not play:
+        return []
+    shown = ", ".join(f"{k} `{v}`" for k, v in play.items() if v is not None)
+    return [f"- model agents played with {shown or 'their defaults'} (unset: each backend's default)"]

@@ -75,6 +75,7 @@ def _write_manifest(config: EvalConfig, suite: Suite) -> None:
         "diagnostic": config.diagnostic,
         "resamples": config.resamples,
         "seed": config.seed,
+        "play": dict(config.play),
     }
     if path.exists():
         old = json.loads(path.read_text())
@@ -82,6 +83,11 @@ def _write_manifest(config: EvalConfig, suite: Suite) -> None:
             raise ValueError(
                 f"{config.out} holds a run on suite {old.get('suite')} (hash {old.get('suite_hash')}); "
                 f"this run uses {suite.name} (hash {manifest['suite_hash']}): choose another --out"
+            )
+        if "play" in old and old["play"] != manifest["play"]:
+            raise ValueError(
+                f"{config.out} holds a run whose model agents were played with {old['play']}; this run plays them "
+                f"with {manifest['play']}: choose another --out"
             )
     config.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=1) + "\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 import pytest
 import typer
@@ -85,6 +87,17 @@ def test_a_rerun_with_another_suite_in_the_same_directory_is_refused(tmp_path, t
     evaluate(config(tmp_path, tiny_suite_path, diagnostic=None), resolve)
     with pytest.raises(ValueError, match="choose another --out"):
         evaluate(EvalConfig(sellers=ARMS, out=tmp_path, suite="eval-dev"), resolve)
+
+
+def test_a_rerun_that_plays_model_agents_otherwise_is_refused(tmp_path, tiny_suite_path):
+    greedy = {"template": "negotiator-v2", "temperature": 0.0}
+    evaluate(replace(config(tmp_path, tiny_suite_path, diagnostic=None), play=greedy), resolve)
+    evaluate(replace(config(tmp_path, tiny_suite_path, diagnostic=None), play=greedy), resolve)  # resumes
+    with pytest.raises(ValueError, match=r"played with .*'temperature': 0.0.*choose another --out"):
+        evaluate(
+            replace(config(tmp_path, tiny_suite_path, diagnostic=None), play={**greedy, "temperature": 1.0}), resolve
+        )
+    assert "model agents played with template `negotiator-v2`, temperature `0.0`" in write_report(tmp_path).read_text()
 
 
 def test_report_renders_every_plot(tmp_path, tiny_suite_path):
