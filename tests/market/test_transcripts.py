@@ -109,6 +109,19 @@ def test_reader_ignores_a_turns_part_whose_negotiations_part_is_missing(tmp_path
     assert (tmp_path / "turns" / "part-00000001.parquet").exists()
 
 
+async def test_two_writers_on_one_directory_never_overwrite_each_others_parts(tmp_path):
+    jobs = jobs_for(8)
+    one, two = TranscriptWriter(tmp_path, flush_every=2), TranscriptWriter(tmp_path, flush_every=2)
+    results = await Marketplace(factories("a", "b")).run(jobs)
+    for i, (job, result) in enumerate(zip(jobs, results, strict=True)):  # interleaved flushes, as two processes
+        (one if i % 4 < 2 else two).add(job, 1, result, 0.0)  # sharing a directory would do
+    one.close()
+    two.close()
+    neg = read_negotiations(tmp_path)
+    assert sorted(neg["negotiation_id"]) == sorted(j.negotiation_id for j in jobs)
+    assert read_turns(tmp_path).height == sum(len(r.turns) for r in results)
+
+
 def test_empty_directory_reads_as_empty_tables(tmp_path):
     assert read_negotiations(tmp_path).schema == NEGOTIATIONS_SCHEMA
     assert read_turns(tmp_path, latest=True).height == 0
