@@ -260,9 +260,12 @@ def _registered(name: str, settings: LLMSettings):
             return make_factory(entry, settings.temperature)
         except (OSError, RuntimeError, ValueError) as e:
             raise ModelSpecError(f"model {name!r} at {entry.path}: {e}") from None
-    trained_on = entry.config.get("template")
-    if trained_on and settings.template == DEFAULT_TEMPLATE:  # play a chat model with its training prompt
+    # a chat model is played as it was trained: its training prompt and rollout temperature, unless told otherwise
+    trained_on, temperature = entry.config.get("template"), entry.config.get("temperature")
+    if trained_on and settings.template == DEFAULT_TEMPLATE:
         settings = replace(settings, template=str(trained_on))
+    if temperature is not None and settings.temperature is None:
+        settings = replace(settings, temperature=float(temperature))
     server = settings.vllm_url or settings.base_url
     if server:
         return _vllm_factory(name, entry.path, server, settings)

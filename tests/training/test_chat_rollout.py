@@ -120,7 +120,9 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
     assert rl.config["template"] == DEFAULT_TEMPLATE
     # a model is played with the prompt it was trained on, unless the user names another
     register(replace(rl, name="old-rl", config={**rl.config, "template": "negotiator-v1"}))
-    assert resolve_model_spec("old-rl", LLMSettings()).prompt_id.startswith("negotiator-v1:")
+    played = resolve_model_spec("old-rl", LLMSettings())
+    assert played.prompt_id.startswith("negotiator-v1:") and played.settings.temperature == cfg.temperature
+    assert resolve_model_spec("old-rl", LLMSettings(temperature=0.0)).settings.temperature == 0.0
     mine = tmp_path / "mine.txt"
     mine.write_text((resources.files("nego.agents") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())
     assert resolve_model_spec("old-rl", LLMSettings(template=str(mine))).prompt_id.startswith("mine:")
