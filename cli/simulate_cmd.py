@@ -11,6 +11,7 @@ from typing import Annotated
 import polars as pl
 import typer
 from nego.market.events import EventBus
+from nego.market.locks import DirectoryBusy, exclusive_run
 from nego.market.protocol import ProtocolConfig
 from nego.market.summary import summarize
 from nego.market.transcripts import TranscriptWriter, read_negotiations
@@ -112,33 +113,34 @@ def run_simulation(
     console = console or Console()
     watch = MarketWatch(expected=cfg.days * cfg.negotiations)
     bus.subscribe(watch)
-    writer = TranscriptWriter(cfg.out_dir, flush_every=256)
-    skipped = len(writer.completed_ids())
-    protocol = ProtocolConfig(max_retries=cfg.max_retries, turn_timeout_s=cfg.turn_timeout_s)
-    model = MarketModel(
-        factories,
-        sellers,
-        buyers,
-        scenarios=scenarios,
-        days=cfg.days,
-        seed=cfg.seed,
-        run_id=f"simulate-{cfg.seed}",
-        concurrency=cfg.concurrency,
-        per_kind=cfg.per_kind,
-        protocol=protocol,
-        bus=bus,
-        writer=writer,
-    )
-    with model, writer:
-        try:
-            if live:
-                with LiveView(watch, console=console):
+    with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"):
+        writer = TranscriptWriter(cfg.out_dir, flush_every=256)
+        skipped = len(writer.completed_ids())
+        protocol = ProtocolConfig(max_retries=cfg.max_retries, turn_timeout_s=cfg.turn_timeout_s)
+        model = MarketModel(
+            factories,
+            sellers,
+            buyers,
+            scenarios=scenarios,
+            days=cfg.days,
+            seed=cfg.seed,
+            run_id=f"simulate-{cfg.seed}",
+            concurrency=cfg.concurrency,
+            per_kind=cfg.per_kind,
+            protocol=protocol,
+            bus=bus,
+            writer=writer,
+        )
+        with model, writer:
+            try:
+                if live:
+                    with LiveView(watch, console=console):
+                        days = model.run()
+                else:
+                    bus.subscribe(PlainProgress(watch, console))
                     days = model.run()
-            else:
-                bus.subscribe(PlainProgress(watch, console))
-                days = model.run()
-        finally:
-            model.run_coroutine(model.market.aclose())
+            finally:
+                model.run_coroutine(model.market.aclose())
     negotiations = read_negotiations(cfg.out_dir, latest=True)
     return SimulationResult(cfg.out_dir, negotiations, days, skipped)
 
@@ -242,7 +244,7 @@ def simulate(
         )
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, console=console, live=use_live and console.is_terminal)
-    except ValueError as e:
+    except (ValueError, DirectoryBusy) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     print_summary(result, console)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from nego.market.locks import DirectoryBusy
 from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
 
 from .options import split_specs
@@ -42,7 +43,7 @@ def train(**kwargs: Any) -> None:
     try:
         cfg = build_config(config, kwargs)
         result = run(cfg, echo=typer.echo)
-    except ConfigError as e:
+    except (ConfigError, DirectoryBusy) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource, Job, Marketplace
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns, results_from_tables
 
@@ -256,11 +257,12 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
         factories = resolve
     suite = load_suite(config.suite)
     jobs = plan(suite, config.sellers, config.buyers, config.diagnostic)
-    _write_manifest(config, suite)
-    played = asyncio.run(play(config, factories, jobs))
-    metrics = metrics_table(config, suite, jobs, factories)
-    comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
-    comparisons.write_parquet(config.out / "comparisons.parquet")
+    with exclusive_run(config.out, f"nego eval --out {config.out}"):
+        _write_manifest(config, suite)
+        played = asyncio.run(play(config, factories, jobs))
+        metrics = metrics_table(config, suite, jobs, factories)
+        comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
+        comparisons.write_parquet(config.out / "comparisons.parquet")
     errors = int(metrics["error"].sum())
     if errors:
         logger.warning(

@@ -8,22 +8,17 @@ a time; any number may read it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from nego.scenarios.scenario import Role
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory lock, one writer per directory is the caller's business
-    fcntl = None
-
+from .locks import locked
 from .marketplace import scenario_hash
 from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
 
@@ -201,21 +196,6 @@ def _readable(path: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``directory`` (a ``.lock`` file in it; POSIX ``flock``; a no-op where
-    the platform has none)."""
-    if fcntl is None:
-        yield
-        return
-    with open(directory / ".lock", "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 class TranscriptWriter:
     """Buffers negotiation results and writes them as numbered Parquet parts.
 
@@ -232,7 +212,7 @@ class TranscriptWriter:
         self.fsync = fsync
         for table in ("negotiations", "turns"):
             (self.directory / table).mkdir(parents=True, exist_ok=True)
-        with _locked(self.directory):
+        with locked(self.directory / ".lock"):
             self.repairs = self._repair()
         """What opening removed: counts of 'tmp', 'orphan_turns' and 'unreadable' files."""
         self._negotiations: list[dict[str, Any]] = []
@@ -294,7 +274,7 @@ class TranscriptWriter:
         negotiations = pl.DataFrame(self._negotiations, schema=NEGOTIATIONS_SCHEMA, orient="row")
         # the part number is taken under the directory's lock, so writers in other processes (or other writers on
         # the same directory) never pick the same one, and none repairs away a part another is writing
-        with _locked(self.directory):
+        with locked(self.directory / ".lock"):
             parts = set(_parts(self.directory, "negotiations")) | set(_parts(self.directory, "turns"))
             name = f"part-{max(parts, default=-1) + 1:08d}.parquet"
             self._write(turns, "turns", name)

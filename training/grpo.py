@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nego.agents.model_registry import ModelEntry, nego_home, register
+from nego.market.locks import exclusive_run
 
 from .checkpoints import latest_checkpoint, save_run_config
 from .config import TrainConfig, no_deal_value
@@ -243,6 +244,11 @@ def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = run_dir_for(cfg)
+    with exclusive_run(run_dir, f"nego train --name {cfg.run_name}"):
+        return _train(cfg, run_dir, started, echo)
+
+
+def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo) -> TrainResult:
     if cfg.is_tiny:
         save_run_config(run_dir, cfg)
         model, tok = warm_start(cfg, run_dir, echo, started)

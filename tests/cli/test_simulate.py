@@ -106,3 +106,14 @@ def test_specs_with_several_parameters_survive_the_comma_list(tmp_path):
     res = runner.invoke(app, [*args, "--buyers", "timedep:e=1,patience=0.5,tft"])
     assert res.exit_code == 0, res.output
     assert set(read_negotiations(out, latest=True)["buyer"]) <= {"timedep:e=1,patience=0.5", "tft"}
+
+
+def test_a_second_simulation_on_a_directory_in_use_fails_without_writing(tmp_path):
+    from nego.market.locks import exclusive_run
+
+    out = tmp_path / "busy"
+    with exclusive_run(out, "nego simulate --out busy"):
+        res = runner.invoke(app, ["simulate", "--days", "1", "--negotiations", "2", "--out", str(out), "--no-live"])
+    assert res.exit_code == 2
+    assert "in use by nego simulate --out busy" in " ".join(res.output.split())
+    assert not (out / "negotiations").exists()

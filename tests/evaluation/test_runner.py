@@ -89,6 +89,14 @@ def test_a_rerun_with_another_suite_in_the_same_directory_is_refused(tmp_path, t
         evaluate(EvalConfig(sellers=ARMS, out=tmp_path, suite="eval-dev"), resolve)
 
 
+def test_an_eval_on_a_directory_in_use_is_refused_before_it_writes(tmp_path, tiny_suite_path):
+    from nego.market.locks import DirectoryBusy, exclusive_run
+
+    with exclusive_run(tmp_path, "nego eval --out there"), pytest.raises(DirectoryBusy, match="nego eval --out there"):
+        evaluate(config(tmp_path, tiny_suite_path, diagnostic=None), resolve)
+    assert not (tmp_path / "run.json").exists() and not (tmp_path / "transcripts").exists()
+
+
 def test_a_rerun_that_plays_model_agents_otherwise_is_refused(tmp_path, tiny_suite_path):
     greedy = {"template": "negotiator-v2", "temperature": 0.0}
     evaluate(replace(config(tmp_path, tiny_suite_path, diagnostic=None), play=greedy), resolve)

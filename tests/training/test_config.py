@@ -61,3 +61,12 @@ def test_cli_errors_are_clear_and_early():
     assert r.exit_code == 2 and "needs a CUDA GPU" in r.output  # before any download is attempted
     r = CliRunner().invoke(app, ["--model", "hf:/nonexistent/model"])
     assert r.exit_code == 2 and "cannot load checkpoint" in r.output
+
+
+def test_training_into_a_run_directory_in_use_is_refused_before_anything_loads(tmp_path):
+    from nego.market.locks import DirectoryBusy, exclusive_run
+    from nego.training import grpo
+
+    with exclusive_run(tmp_path, "nego train --name tiny"), pytest.raises(DirectoryBusy, match="nego train --name"):
+        grpo.train(TrainConfig(output_dir=str(tmp_path)), echo=lambda s: None)
+    assert not (tmp_path / "config.json").exists() and not (tmp_path / "base").exists()
