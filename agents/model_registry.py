@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from nego.market.locks import locked
+
 ModelFormat = Literal["compact", "hf"]
 FORMATS: tuple[str, ...] = ("compact", "hf")
 SCHEMA_VERSION = 1
@@ -84,22 +86,24 @@ def _entry(name: str, raw: dict[str, Any], path: Path) -> ModelEntry:
 
 
 def register(entry: ModelEntry) -> Path:
-    """Add or replace ``entry`` (by name). The file is replaced atomically, so a crash never leaves half a file."""
+    """Add or replace ``entry`` (by name). The file is replaced atomically, so a crash never leaves half a file,
+    and under a lock, so two processes registering at once never drop each other's entries."""
     path = registry_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    models = _read(path)
-    models[entry.name] = asdict(entry)
-    blob = json.dumps({"schema_version": SCHEMA_VERSION, "models": models}, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".models-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with locked(path.parent / ".models.lock"):
+        models = _read(path)
+        models[entry.name] = asdict(entry)
+        blob = json.dumps({"schema_version": SCHEMA_VERSION, "models": models}, indent=2, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".models-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
 
 

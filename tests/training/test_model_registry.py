@@ -45,3 +45,18 @@ def test_bad_entries_and_files_fail_clearly():
 def test_registry_import_is_light():
     code = "import sys, nego.agents.model_registry; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_concurrent_registrations_all_survive(tmp_path):
+    """Two trainings finishing at once in one NEGO_HOME (a sweep's arms, dev arms side by side) must not drop each
+    other's entries: the read-modify-write of the registry is serialised across processes."""
+    script = (
+        "import sys\n"
+        "from nego.agents.model_registry import ModelEntry, register\n"
+        "w = sys.argv[1]\n"
+        "for i in range(25):\n"
+        "    register(ModelEntry(f'{w}-{i}', '/p', '', 'compact'))\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, w]) for w in ("a", "b", "c", "d")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    assert len(list_models()) == 100
