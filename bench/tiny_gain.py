@@ -24,6 +24,7 @@ import numpy as np
 HELDOUT_BUYERS = ("walker", "picky", "hardliner")
 # training families (fixed parameters): linear, Boulware, tit-for-tat, an impatient and a demanding buyer
 DEV_BUYERS = ("timedep:e=1", "boulware", "tft", "timedep:e=1,patience=0.5", "timedep:e=0.5,margin=0.1")
+HEADER = "| buyer | base utility | trained utility | gain [95% CI] | deals base / trained | invalid/ep base / trained |"
 
 
 def paired_gain(
@@ -37,12 +38,27 @@ def paired_gain(
     return float(d.mean()), float(lo), float(hi)
 
 
+def _entry(name: str, lookup):
+    """A registered model, or a model directory (a checkpoint) given by its path."""
+    if os.path.isdir(name):
+        from nego.agents.model_registry import ModelEntry
+
+        step = name.rstrip("/").rsplit("-", 1)[-1]
+        return ModelEntry(name, name, "", "compact", {}, int(step) if step.isdigit() else 0, {})
+    return lookup(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="tiny")
-    ap.add_argument("--trained", default="tiny-rl")
+    ap.add_argument(
+        "--trained", default="tiny-rl", help="comma-separated registered names or model directories (checkpoints)"
+    )
     ap.add_argument("--n", type=int, default=200, help="held-out scenarios per buyer")
+    ap.add_argument(
+        "--skip", type=int, default=0, help="drop the split's first K scenarios (the dev slice a run selects on: 64)"
+    )
     ap.add_argument("--split", choices=("heldout", "dev"), default="heldout")
     ap.add_argument("--buyers", default="", help="semicolon-separated specs (default: by split)")
     ap.add_argument("--max-rounds", type=int, default=10)
@@ -62,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from nego.training.rollout import split_scenarios
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    entries = {name: lookup(name) for name in (args.base, args.trained)}
+    trained = [t.strip() for t in args.trained.split(",") if t.strip()]
+    entries = {name: _entry(name, lookup) for name in (args.base, *trained)}
     missing = [k for k, v in entries.items() if v is None]
     if missing:
         print(f"error: model(s) {', '.join(missing)} not registered; run `nego train` first", file=sys.stderr)
@@ -71,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from nego.scenarios.scenario import Role
 
     openers = (Role.SELLER, Role.BUYER) if args.openers == "both" else (Role.SELLER,)
-    scenarios = split_scenarios(args.split, args.n, args.max_rounds, openers)
+    scenarios = split_scenarios(args.split, args.skip + args.n, args.max_rounds, openers)[args.skip :]
     default = HELDOUT_BUYERS if args.split == "heldout" else DEV_BUYERS
     buyers = [b.strip() for b in args.buyers.split(";") if b.strip()] if args.buyers else default
     temperature = args.temperature or None
@@ -80,24 +97,29 @@ def main(argv: list[str] | None = None) -> int:
         for name, e in entries.items()
     }
     decoding = "greedy" if temperature is None else f"sampled at T={temperature:g}"
+    skipped = f" (after the first {args.skip})" if args.skip else ""
     lines = [
-        f"{args.split} split: {args.n} scenarios x {len(buyers)} buyers, {args.max_rounds} rounds, "
+        f"{args.split} split: {args.n} scenarios{skipped} x {len(buyers)} buyers, {args.max_rounds} rounds, "
         f"opened by {'seller and buyer alternately' if args.openers == 'both' else 'the seller'}, {decoding}, "
         "paired bootstrap (10,000 resamples)",
-        f"base = {args.base} ({entries[args.base].path}), trained = {args.trained} ({entries[args.trained].path}, "
-        f"{entries[args.trained].steps} GRPO steps)",
-        "",
-        "| buyer | base utility | trained utility | gain [95% CI] | deals base / trained | invalid/ep base / trained |",
-        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for b in buyers:
-        rb, rt = res[args.base][b], res[args.trained][b]
-        g, lo, hi = paired_gain(np.array(rb.utility), np.array(rt.utility))
-        lines.append(
-            f"| {b} (n={len(rb.utility)}) | {rb.mean_utility:.3f} | {rt.mean_utility:.3f} | "
-            f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
-            f"{rb.deal_rate:.2f} / {rt.deal_rate:.2f} | {np.mean(rb.invalid):.2f} / {np.mean(rt.invalid):.2f} |"
-        )
+    for name in trained:
+        lines += [
+            "",
+            f"base = {args.base} ({entries[args.base].path}), trained = {name} ({entries[name].path}, "
+            f"{entries[name].steps} GRPO steps)",
+            "",
+            HEADER,
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for b in buyers:
+            rb, rt = res[args.base][b], res[name][b]
+            g, lo, hi = paired_gain(np.array(rb.utility), np.array(rt.utility))
+            lines.append(
+                f"| {b} (n={len(rb.utility)}) | {rb.mean_utility:.3f} | {rt.mean_utility:.3f} | "
+                f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+                f"{rb.deal_rate:.2f} / {rt.deal_rate:.2f} | {np.mean(rb.invalid):.2f} / {np.mean(rt.invalid):.2f} |"
+            )
     lines.append(f"\n({time.perf_counter() - t0:.0f} s)")
     text = "\n".join(lines)
     print(text)
