@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from .eval_cmd import eval_, report, sweep
+from .models_cmd import models
 from .scenarios_cmd import app as scenarios_app
 from .serve_cmd import serve_agent
 from .simulate_cmd import simulate
@@ -24,6 +25,7 @@ app.command()(simulate)
 app.add_typer(scenarios_app, name="scenarios")
 app.command("serve-agent")(serve_agent)
 app.command()(train)
+app.command()(models)
 app.command("eval")(eval_)
 app.command()(report)
 app.command()(sweep)

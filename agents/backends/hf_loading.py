@@ -17,7 +17,7 @@ def load_checkpoint(transformers: Any, path_or_id: str, torch_dtype: Any) -> tup
     """(model, tokenizer) from a model directory, a hub id or a LoRA adapter directory (its base model with the
     adapter folded in); a failure raises :class:`BackendError` saying what to do."""
     source = _source(path_or_id)
-    base = _adapter_base(source)
+    base = adapter_base(source)
     try:
         if base is None:
             return _load_model(transformers, source, torch_dtype), transformers.AutoTokenizer.from_pretrained(source)
@@ -50,7 +50,7 @@ def _source(path_or_id: str) -> str:
     return path_or_id
 
 
-def _adapter_base(source: str) -> str | None:
+def adapter_base(source: str) -> str | None:
     """The base model a LoRA adapter directory was trained from (``nego train --finetune lora`` writes one), or
     None when ``source`` is a full checkpoint."""
     config = Path(source) / "adapter_config.json"
