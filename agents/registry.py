@@ -206,6 +206,14 @@ def known_specs() -> list[str]:
     return rule_specs() + (list(more()) if more is not None else [])
 
 
+def rule_family(spec: str) -> str | None:
+    """The rule-based family ``spec`` names (aliases resolved, parameters ignored), or None for any other spec."""
+    name = spec.strip().partition(":")[0].strip().lower()
+    if name in _FAMILIES:
+        return name
+    return _ALIASES[name][0] if name in _ALIASES else None
+
+
 def rule_specs() -> list[str]:
     """Spec forms of the rule-based families (``<e>`` stands for a number)."""
     return ["boulware", "linear", "conceder", "timedep:e=<e>", "tft", "hardliner", "random", "walker", "picky"]

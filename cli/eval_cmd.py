@@ -122,6 +122,10 @@ def eval_(
         f"{len(s.scenarios)} scenarios; played now: {result.played}"
     )
     console.print(summary_table(result.comparisons, title))
+    from nego.evaluation.leakage import warning_lines
+
+    for line in warning_lines(result.trained_against_held_out):
+        console.print(f"[yellow]warning:[/yellow] {line}")
     console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}")
 
 

@@ -42,6 +42,7 @@ def train(**kwargs: Any) -> None:
 
     try:
         cfg = build_config(config, kwargs)
+        _warn_if_training_on_held_out(cfg)
         result = run(cfg, echo=typer.echo)
     except (ConfigError, DirectoryBusy) as e:
         typer.echo(f"error: {e}", err=True)
@@ -51,6 +52,19 @@ def train(**kwargs: Any) -> None:
         f"({result.steps} GRPO steps{', stopped by the time budget' if result.stopped_early else ''}); "
         f"run directory {result.run_dir}"
     )
+
+
+def _warn_if_training_on_held_out(cfg: TrainConfig) -> None:
+    from nego.evaluation.leakage import families
+    from nego.evaluation.suites import DEFAULT_BUYERS, DIAGNOSTIC_BUYER
+
+    shared = sorted(families(cfg.train_buyers) & families([*DEFAULT_BUYERS, DIAGNOSTIC_BUYER]))
+    if shared:
+        typer.echo(
+            f"warning: the training pool includes {', '.join(shared)}, which `nego eval` holds out by default; "
+            "evaluations against it will mark this model as not held out",
+            err=True,
+        )
 
 
 def _signature() -> inspect.Signature:

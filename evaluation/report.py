@@ -10,6 +10,7 @@ import polars as pl
 from nego.market.transcripts import read_turns
 from nego.scenarios.scenario import Role
 
+from .leakage import warning_lines
 from .metrics import METRIC_COLUMNS, summarise
 from .runner import SUITE_GROUP, read_manifest
 from .suites import load_suite
@@ -240,6 +241,7 @@ def write_report(directory: Path) -> Path:
         f"(clusters); held-out buyers {', '.join(f'`{b}`' for b in man['buyers'])}{diag}",
         f"- base arm: `{man['sellers'][0]}`; gains are paired differences (arm - base) on identical negotiations",
         *_play_line(man.get("play") or {}),
+        *(f"- **not held out:** {line}" for line in warning_lines(man.get("trained_against_held_out") or {})),
         "",
         "Intervals are 95% percentile intervals of a cluster bootstrap "
         f"({man['resamples']:,} resamples, seed {man['seed']}) that resamples whole scenarios, so the openers, "

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +23,7 @@ from nego.market.transcripts import TranscriptWriter, read_negotiations, read_tu
 
 from .best_response import best_response_value
 from .config import EvalConfig
+from .leakage import trained_against, warning_lines
 from .metrics import compute_metrics
 from .stats import PairedComparison, bootstrap_interval, paired_comparison, with_holm
 from .suites import RECIPES, Suite, load_suite
@@ -65,7 +66,7 @@ def plan(suite: Suite, sellers: Sequence[str], buyers: Sequence[str], diagnostic
     return out
 
 
-def _write_manifest(config: EvalConfig, suite: Suite) -> None:
+def _write_manifest(config: EvalConfig, suite: Suite, overlap: dict[str, list[str]]) -> None:
     path = config.out / "run.json"
     manifest = {
         "suite": suite.name,
@@ -77,6 +78,7 @@ def _write_manifest(config: EvalConfig, suite: Suite) -> None:
         "resamples": config.resamples,
         "seed": config.seed,
         "play": dict(config.play),
+        "trained_against_held_out": overlap,
     }
     if path.exists():
         old = json.loads(path.read_text())
@@ -247,6 +249,8 @@ class EvalResult:
     metrics: pl.DataFrame
     comparisons: pl.DataFrame
     played: int
+    trained_against_held_out: dict[str, list[str]] = field(default_factory=dict)
+    """Arms that are registered models trained against a family this evaluation holds out (see ``leakage``)."""
 
 
 def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> EvalResult:
@@ -257,8 +261,11 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
         factories = resolve
     suite = load_suite(config.suite)
     jobs = plan(suite, config.sellers, config.buyers, config.diagnostic)
+    overlap = trained_against(config.sellers, [*config.buyers, *([config.diagnostic] if config.diagnostic else [])])
+    for line in warning_lines(overlap):
+        logger.warning("%s", line)
     with exclusive_run(config.out, f"nego eval --out {config.out}"):
-        _write_manifest(config, suite)
+        _write_manifest(config, suite, overlap)
         played = asyncio.run(play(config, factories, jobs))
         metrics = metrics_table(config, suite, jobs, factories)
         comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
@@ -268,4 +275,4 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
         logger.warning(
             "%d negotiation(s) ended in an error and are left out of the comparisons; rerun to retry", errors
         )
-    return EvalResult(suite, metrics, comparisons, played)
+    return EvalResult(suite, metrics, comparisons, played, overlap)
