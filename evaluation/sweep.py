@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource
 
 from .config import EvalConfig, SweepConfig
@@ -127,9 +128,12 @@ def run_sweep(
 ) -> pl.DataFrame:
     """Run every cell and write the study table and plot; returns the table (one row per cell and buyer group)."""
     load_suite(config.suite)  # fail on a bad suite before training anything
-    config.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_cell(cell, config, train_fn, factories, echo) for cell in cells(config)]
-    study = pl.concat(rows, how="diagonal_relaxed")
+    with exclusive_run(config.out, f"nego sweep (study {config.out})"):
+        rows = [run_cell(cell, config, train_fn, factories, echo) for cell in cells(config)]
+        return _write_study(pl.concat(rows, how="diagonal_relaxed"), config)
+
+
+def _write_study(study: pl.DataFrame, config: SweepConfig) -> pl.DataFrame:
     # Holm across every cell within each buyer group: the study asks one question per cell
     adjusted = []
     for group in study["group"].unique(maintain_order=True):

@@ -45,6 +45,16 @@ def test_sweep_trains_each_cell_once_and_tabulates_gains(tmp_path, tiny_suite_pa
     assert len(train.calls) == 3
 
 
+def test_a_second_sweep_on_a_study_in_use_is_refused_before_training(tmp_path, tiny_suite_path):
+    from nego.market.locks import DirectoryBusy, exclusive_run
+
+    cfg = SweepConfig(out=tmp_path, sizes=("tiny",), learning_rates=LRS, suite=str(tiny_suite_path), resamples=1_000)
+    train = RuleTraining()
+    with exclusive_run(tmp_path, "nego sweep (study X)"), pytest.raises(DirectoryBusy, match="study X"):
+        run_sweep(cfg, train_fn=train, echo=lambda _: None)
+    assert train.calls == []
+
+
 def test_cell_names_keep_distinct_rates_apart():
     rates = (1e-5, 1.00000001e-5, 3e-6)
     assert len({Cell("tiny", lr, 0).name for lr in rates}) == 3
