@@ -116,6 +116,7 @@ def run_cell(cell: Cell, config: SweepConfig, train_fn: TrainFn, factories: Fact
         pl.lit(cell.seed).alias("seed"),
         pl.lit(arms.base).alias("base"),
         pl.lit(arms.trained).alias("trained"),
+        pl.lit(",".join(result.trained_against_held_out.get(arms.trained, []))).alias("trained_against"),
     )
 
 
@@ -160,6 +161,7 @@ def _write_study(study: pl.DataFrame, config: SweepConfig) -> pl.DataFrame:
         "p_holm",
         "base_deal_rate",
         "deal_rate",
+        "trained_against",
     )
     study.write_parquet(config.out / "study.parquet")
     write_study_report(study, config)
@@ -182,6 +184,11 @@ def write_study_report(study: pl.DataFrame, config: SweepConfig) -> Path:
         f"{list(config.learning_rates)}, seeds {list(config.seeds)}",
         "- gain = paired mean difference (trained - base) on identical negotiations, 95% cluster-bootstrap interval; "
         "p from a cluster sign-flip test, Holm across cells within each buyer group",
+        *(
+            f"- **not held out:** {r['trained']} was trained against {r['trained_against']}, which this study holds out"
+            for r in study.unique("trained", maintain_order=True).iter_rows(named=True)
+            if r.get("trained_against")
+        ),
         "",
         "| size | lr | seed | buyers | n | base | trained | gain [95% CI] | p | p (Holm) | deal rate base / trained |",
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",

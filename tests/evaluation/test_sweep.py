@@ -55,6 +55,22 @@ def test_a_second_sweep_on_a_study_in_use_is_refused_before_training(tmp_path, t
     assert train.calls == []
 
 
+def test_a_cell_trained_against_a_held_out_family_is_marked(tmp_path, tiny_suite_path, monkeypatch):
+    from nego.agents.model_registry import ModelEntry, register
+    from nego.agents.registry import resolve
+
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+
+    def leaky(cell, directory, settings):
+        register(ModelEntry("leaky-rl", "/m/leaky", "", "compact", {"train_buyers": ["timedep:e=1", "walker"]}))
+        return TrainedArms("boulware", "leaky-rl")
+
+    cfg = SweepConfig(out=tmp_path / "s", sizes=("tiny",), learning_rates=(1e-4,), suite=str(tiny_suite_path))
+    study = run_sweep(cfg, train_fn=leaky, factories=lambda s: resolve("linear" if s == "leaky-rl" else s), echo=print)
+    assert set(study["trained_against"]) == {"walker"}
+    assert "**not held out:** leaky-rl was trained against walker" in (cfg.out / "study.md").read_text()
+
+
 def test_cell_names_keep_distinct_rates_apart():
     rates = (1e-5, 1.00000001e-5, 3e-6)
     assert len({Cell("tiny", lr, 0).name for lr in rates}) == 3
