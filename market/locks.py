@@ -12,6 +12,7 @@ The operating system releases a lock when its process ends, so a crashed or kill
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ except ImportError:  # Windows
     fcntl = None
 
 RUN_LOCK = ".run.lock"
+logger = logging.getLogger(__name__)
 
 
 class DirectoryBusy(RuntimeError):
@@ -45,14 +47,14 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
 @contextlib.contextmanager
 def exclusive_run(directory: str | os.PathLike[str], what: str) -> Iterator[None]:
     """Hold ``directory`` for one run, or raise :class:`DirectoryBusy` at once if a live run holds it (``what``
-    names this run in that other run's error message)."""
+    names this run in that other run's error message). On a file system without ``flock`` support the run goes
+    ahead unlocked, with a logged warning."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if fcntl is None:
         yield
         return
-    handle = open(directory / RUN_LOCK, "a+")  # noqa: SIM115 (held for the whole run)
-    try:
+    with open(directory / RUN_LOCK, "a+") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,6 +64,10 @@ def exclusive_run(directory: str | os.PathLike[str], what: str) -> Iterator[None
                 f"{directory} is in use by {holder}; wait for it to finish (then rerun to resume) "
                 "or choose another output directory"
             ) from None
+        except OSError as e:  # e.g. a network file system without lock support
+            logger.warning("cannot lock %s (%s): a second run on it would not be stopped", directory, e)
+            yield
+            return
         handle.seek(0)
         handle.truncate()
         handle.write(f"{what} (pid {os.getpid()})\n")
@@ -71,5 +77,3 @@ def exclusive_run(directory: str | os.PathLike[str], what: str) -> Iterator[None
         finally:
             handle.truncate(0)
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    finally:
-        handle.close()

@@ -43,3 +43,16 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path):
         proc.wait()
     with exclusive_run(tmp_path, "after the kill"):
         pass
+
+
+def test_a_file_system_without_flock_runs_unlocked_with_a_warning(tmp_path, monkeypatch, caplog):
+    from nego.market import locks
+
+    def no_locks(fd, op):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(locks.fcntl, "flock", no_locks)
+    ran = False
+    with exclusive_run(tmp_path, "run"):
+        ran = True
+    assert ran and "cannot lock" in caplog.text
