@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 from nego.market.locks import DirectoryBusy
 from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
+from rich.console import Console
 
 from .options import split_specs
 
@@ -38,12 +39,17 @@ def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:
 def train(**kwargs: Any) -> None:
     """Warm-start and GRPO-train a seller; with no options, the tiny model on CPU in minutes."""
     config = kwargs.pop("config", None)
+    live = kwargs.pop("live", None)
     from nego.training.grpo import train as run
 
     try:
         cfg = build_config(config, kwargs)
         _warn_if_training_on_held_out(cfg)
-        result = run(cfg, echo=typer.echo)
+        console = Console()
+        if console.is_terminal if live is None else live:
+            result = _run_live(run, cfg, console)
+        else:
+            result = run(cfg, echo=typer.echo)
     except (ConfigError, DirectoryBusy) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -52,6 +58,20 @@ def train(**kwargs: Any) -> None:
         f"({result.steps} GRPO steps{', stopped by the time budget' if result.stopped_early else ''}); "
         f"run directory {result.run_dir}"
     )
+
+
+def _run_live(run: Any, cfg: TrainConfig, console: Console) -> Any:
+    """Train under the rich live view: curves, the latest step, dev evaluations; messages scroll above it."""
+    from rich.live import Live
+
+    from .train_live import TrainWatch
+
+    watch = TrainWatch(cfg.steps, cfg.run_name, cfg.time_budget_min)
+    with Live(get_renderable=watch.render, console=console, refresh_per_second=2):
+        result = run(cfg, echo=lambda s: console.print(s, markup=False, highlight=False), observer=watch)
+    if not console.is_terminal:
+        console.line()  # rich ends the last frame with a newline only on a terminal
+    return result
 
 
 def _warn_if_training_on_held_out(cfg: TrainConfig) -> None:
@@ -76,6 +96,14 @@ def _signature() -> inspect.Signature:
             annotation=Optional[Path],  # noqa: UP045
         )
     ]
+    params.append(
+        inspect.Parameter(
+            "live",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--live/--no-live", help="Rich live view with curves (default: on a terminal)."),
+            annotation=Optional[bool],  # noqa: UP045
+        )
+    )
     for f in fields(TrainConfig):
         default = f.default_factory() if callable(f.default_factory) else f.default
         help_text = f.metadata["help"] + (f" (default: {','.join(default)})" if isinstance(default, list) else "")

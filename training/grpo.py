@@ -17,7 +17,7 @@ from .config import TrainConfig, no_deal_value
 from .pool import BuyerPool
 from .rewards import make_reward_func
 from .rollout import MarketRollout, split_scenarios
-from .train_log import TrainLog
+from .train_log import TrainLog, TrainObserver
 
 DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5")
 Echo = Callable[[str], None]
@@ -107,7 +107,7 @@ def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, floa
     return {k: v.summary() for k, v in res.items()}
 
 
-def grpo_args(cfg: TrainConfig, run_dir: Path) -> Any:
+def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any:
     import torch
     from trl import GRPOConfig
 
@@ -134,6 +134,7 @@ def grpo_args(cfg: TrainConfig, run_dir: Path) -> Any:
         save_strategy="steps",
         save_steps=cfg.save_every or cfg.steps,
         report_to="none",
+        disable_tqdm=not progress_bar,
         seed=cfg.seed,
         data_seed=cfg.seed,
         dataloader_num_workers=0,
@@ -189,12 +190,14 @@ def build_trainer(
     reward_func: Callable[..., list[float]] | None = None,
     rollout_cls: type | None = None,
     scenarios: list | None = None,
+    observer: TrainObserver | None = None,
 ) -> tuple:
     """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box).
 
     ``reward_func``, ``rollout_cls`` and ``scenarios`` replace the outcome reward, the rollout class and the training
     split (diagnostics such as bench/grpo_sanity.py use them to test the same wiring with a reward that is known to
-    be learnable)."""
+    be learnable). With an ``observer`` (a live view) the trainer's own progress bar and log printing are off: the
+    observer shows every step instead."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -212,7 +215,7 @@ def build_trainer(
         max_tokens=cfg.max_tokens,
         group_size=cfg.group_size,
     )
-    log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo)
+    log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo, observer)
     callbacks, state_box = _callbacks(cfg, log, tok, started, echo)
     peft_config = None
     if cfg.finetune == "lora":
@@ -224,18 +227,23 @@ def build_trainer(
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_func or make_reward_func(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty),
-        args=grpo_args(cfg, run_dir),
+        args=grpo_args(cfg, run_dir, progress_bar=observer is None),
         train_dataset=Dataset.from_list([{"prompt": s.id} for s in scenarios]),
         processing_class=tok,
         rollout_func=rollout,
         callbacks=callbacks,
         peft_config=peft_config,
     )
+    if observer is not None:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
     return trainer, rollout, log, state_box
 
 
-def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
-    """Run (or resume) a whole training run and register ``NAME`` and ``NAME-rl``."""
+def train(cfg: TrainConfig, echo: Echo = print, observer: TrainObserver | None = None) -> TrainResult:
+    """Run (or resume) a whole training run and register ``NAME`` and ``NAME-rl``; ``observer`` sees every logged
+    step and dev evaluation as it happens."""
     cfg = cfg.validate()
     _env()
     import torch
@@ -245,10 +253,10 @@ def train(cfg: TrainConfig, echo: Echo = print) -> TrainResult:
         torch.set_num_threads(cfg.threads)
     run_dir = run_dir_for(cfg)
     with exclusive_run(run_dir, f"nego train --name {cfg.run_name}"):
-        return _train(cfg, run_dir, started, echo)
+        return _train(cfg, run_dir, started, echo, observer)
 
 
-def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo) -> TrainResult:
+def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer: TrainObserver | None) -> TrainResult:
     if cfg.is_tiny:
         save_run_config(run_dir, cfg)
         model, tok = warm_start(cfg, run_dir, echo, started)
@@ -264,12 +272,17 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo) -> Train
     entry_cfg = _entry_config(cfg, "base")
     register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev}))
     echo(f"registered {base_name}: dev {base_dev}")
-    trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started)
+    if observer is not None:
+        observer.on_dev(0, base_dev)
+    trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started, observer=observer)
     resume_from = latest_checkpoint(run_dir) if cfg.resume else None
     if resume_from:
         echo(f"resuming from {resume_from}")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    return finish(cfg, trainer, tok, run_dir, base_name, box["stopped_early"], started, echo)
+    result = finish(cfg, trainer, tok, run_dir, base_name, box["stopped_early"], started, echo)
+    if observer is not None:
+        observer.on_dev(result.steps, result.dev)
+    return result
 
 
 def _format(cfg: TrainConfig) -> str:

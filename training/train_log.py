@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .rollout import RolloutStats
 
@@ -35,13 +36,24 @@ def collapse_reason(entropy: float | None, baseline: float | None, identical: fl
     return "; ".join(reasons)
 
 
+class TrainObserver(Protocol):
+    """Sees every logged step and every dev evaluation as it happens (the live view of ``nego train`` is one)."""
+
+    def on_step(self, row: Mapping[str, Any]) -> None: ...
+
+    def on_dev(self, step: int, dev: Mapping[str, Mapping[str, float]]) -> None: ...
+
+
 class TrainLog:
     """Collects rows and rewrites ``path`` atomically after each one (a crash never leaves a broken file)."""
 
-    def __init__(self, path: Path, stats: RolloutStats, echo: Any = print) -> None:
+    def __init__(
+        self, path: Path, stats: RolloutStats, echo: Any = print, observer: TrainObserver | None = None
+    ) -> None:
         self.path = path
         self.stats = stats
         self.echo = echo
+        self.observer = observer
         self.rows: list[dict[str, Any]] = []
         self.baseline: float | None = None
         self._entropies: list[float] = []
@@ -68,12 +80,16 @@ class TrainLog:
             self.echo(f"warning: step {step} looks collapsed: {row['collapse']}")
         self.rows.append(row)
         self.write()
+        if self.observer is not None:
+            self.observer.on_step(row)
         return row
 
     def add_eval(self, step: int, dev: dict[str, dict[str, float]]) -> None:
         for buyer, summary in dev.items():
             self.rows.append({"step": step, "dev_buyer": buyer, **{f"dev_{k}": v for k, v in summary.items()}})
         self.write()
+        if self.observer is not None:
+            self.observer.on_dev(step, dev)
 
     def write(self) -> None:
         import polars as pl

@@ -24,6 +24,21 @@ pytestmark = pytest.mark.slow
 HOOKS: list[dict] = []
 
 
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.dev: list[int] = []
+
+    def on_step(self, row):
+        self.rows.append(dict(row))
+
+    def on_dev(self, step, dev):
+        self.dev.append(step)
+
+
+OBSERVER = RecordingObserver()
+
+
 class RecordingRollout(MarketRollout):
     def __call__(self, prompts, trainer):
         out = super().__call__(prompts, trainer)
@@ -55,7 +70,7 @@ def run(tmp_path_factory):
         time_budget_min=0,
         lr=1e-3,
     )
-    result = grpo.train(cfg, echo=lambda s: None)
+    result = grpo.train(cfg, echo=lambda s: None, observer=OBSERVER)
     yield cfg, result
     mp.undo()
 
@@ -142,6 +157,14 @@ def test_parameters_change_and_models_are_registered(run):
     assert r.outcome.turns >= 1
     assert lookup("4.5b-rl") is None
     assert resolve("tiny-rl").spec == "tiny-rl"  # what `--sellers tiny-rl` goes through
+
+
+def test_an_observer_sees_every_logged_step_and_the_dev_evaluations(run):
+    cfg, result = run
+    assert [r["step"] for r in OBSERVER.rows] == [1, 2]
+    logged = pl.read_parquet(result.run_dir / "train_log.parquet")  # eval_every = 0: step rows only
+    assert [r["reward_mean"] for r in OBSERVER.rows] == logged["reward_mean"].to_list()
+    assert OBSERVER.dev == [0, cfg.steps]  # the warm start's and the trained model's dev evaluations
 
 
 def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
