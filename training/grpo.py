@@ -107,6 +107,12 @@ def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, floa
     return {k: v.summary() for k, v in res.items()}
 
 
+def dev_line(dev: dict[str, dict[str, float]]) -> str:
+    """A dev evaluation on one line: utility / deal rate / invalid actions per episode, per buyer."""
+    cells = (f"{b} {r['utility']:.3f} / {r['deal_rate']:.2f} / {r['invalid_per_episode']:.2f}" for b, r in dev.items())
+    return "; ".join(cells) + " (utility / deal rate / invalid per episode)"
+
+
 def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any:
     import torch
     from trl import GRPOConfig
@@ -168,7 +174,7 @@ def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, started: float, echo: 
             if cfg.eval_every and state.global_step % cfg.eval_every == 0 and model is not None:
                 dev = dev_eval(model, tok, cfg)
                 log.add_eval(state.global_step, dev)
-                echo(f"step {state.global_step}: dev {dev}")
+                echo(f"step {state.global_step}: dev {dev_line(dev)}")
             minutes = (time.perf_counter() - started) / 60
             if cfg.time_budget_min and minutes >= cfg.time_budget_min and state.global_step < state.max_steps:
                 state_box["stopped_early"] = True
@@ -271,7 +277,7 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
     base_name = cfg.run_name
     entry_cfg = _entry_config(cfg, "base")
     register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev}))
-    echo(f"registered {base_name}: dev {base_dev}")
+    echo(f"registered {base_name}: dev {dev_line(base_dev)}")
     if observer is not None:
         observer.on_dev(0, base_dev)
     trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started, observer=observer)
@@ -321,5 +327,5 @@ def finish(cfg, trainer, tok, run_dir: Path, base_name: str, stopped: bool, star
             {"dev": dev, "stopped_early": stopped},
         )
     )
-    echo(f"registered {rl_name} after {steps} GRPO steps: dev {dev}")
+    echo(f"registered {rl_name} after {steps} GRPO steps: dev {dev_line(dev)}")
     return TrainResult(run_dir, base_name, rl_name, steps, stopped, dev, time.perf_counter() - started)
