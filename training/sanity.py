@@ -29,6 +29,10 @@ from .rollout import Episode, MarketRollout, play, to_hook_dict
 REWARDS = ("first-offer", "outcome")
 OPENERS = (Role.SELLER,)
 """The check's scenarios are opened by the seller: the first-offer reward scores the opening offer."""
+NO_OFFER_REWARD = -1.0
+"""First-offer reward of an episode whose first seller move is not a valid offer. With 0 here (the reward of an
+opening at utility 1) a group of high openings had nothing to prefer over invalid ones, and at a high learning
+rate the policy could drift into invalid openings, where every group is identical and learning stops."""
 
 
 @dataclass
@@ -93,7 +97,8 @@ def sanity_rollout_cls(checks: SanityChecks) -> type[MarketRollout]:
 
 
 def sanity_reward(kind: str, checks: SanityChecks, group: int, invalid_penalty: float) -> RewardFunc:
-    """``first-offer``: 1 - own utility of the first offer (0 if the first move is not a valid offer);
+    """``first-offer``: 1 - own utility of the first offer, and ``NO_OFFER_REWARD`` when the first move is not a valid
+    offer (below every valid opening, so that giving up on offering is never a way up the reward);
     ``outcome``: the training reward. Both count rows whose episode was played on another scenario."""
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {kind!r}")
@@ -101,7 +106,7 @@ def sanity_reward(kind: str, checks: SanityChecks, group: int, invalid_penalty: 
     def reward(prompts, completions, *, scenario_id, first_offer_u, **kw) -> list[float]:
         checks.misaligned.append(sum(str(p) != s for p, s in zip(prompts, scenario_id, strict=True)))
         if kind == "first-offer":
-            r = [0.0 if u is None else 1.0 - u for u in first_offer_u]
+            r = [NO_OFFER_REWARD if u is None else 1.0 - u for u in first_offer_u]
         else:
             cols = zip(kw["seller_utility"], kw["agreed"], kw["reservation"], kw["invalid_seller"], strict=True)
             r = [outcome_reward(u, a, res, k, None, invalid_penalty) for u, a, res, k in cols]
