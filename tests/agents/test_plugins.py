@@ -265,8 +265,8 @@ def test_two_distributions_declaring_one_name_are_refused_by_name_not_silently_p
     assert res.exit_code == 0 and "broken: the name is also declared by" in res.output
 
 
-def test_agents_says_when_no_plugin_is_installed():
-    plugins.clear_cache()
+def test_agents_says_when_no_plugin_is_installed(monkeypatch):
+    monkeypatch.setattr(plugins, "_entry_points", lambda group: ())
     res = runner.invoke(app, ["agents"])
     assert res.exit_code == 0 and "boulware" in res.output
     assert "no plugin agents installed (entry-point group nego.agents)" in res.output
