@@ -3,8 +3,10 @@
 For each scenario, seed and role the agent under test plays against a copy of itself and against a reference
 partner, through the real protocol. It must return well-formed actions, finish, act the same way for the same
 seed, and act the same way when only the other side's private information changes (it sees nothing but its
-own observation). Rule-based agents (``kind == "rule"``) must also never make an invalid move and never offer or
-accept anything worth less than their reservation value.
+own observation). Programmatic agents, rule-based (``kind == "rule"``) and plugin ones from other packages
+(``kind == "plugin"``), must also never make an invalid move: unlike a language model they have no excuse. Rule-based
+agents must in addition never offer or accept anything worth less than their reservation value; for a plugin agent
+that is a strategy choice the metrics report (individual-rationality violations), not a conformance failure.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from nego.scenarios.preferences import Preferences
 from nego.scenarios.scenario import Role, Scenario
 
 from .registry import NegotiatorFactory, resolve
+
+VALID_MOVES_KINDS = frozenset({"rule", "plugin"})
+"""Kinds of agents that must never make an invalid move."""
+RATIONAL_KINDS = frozenset({"rule"})
+"""Kinds of agents that must never offer or accept below their reservation value."""
 
 
 class ConformanceError(AssertionError):
@@ -80,7 +87,9 @@ def _own_actions(result: NegotiationResult, role: Role) -> list[Action]:
     return [t.action for t in result.turns if t.role is role]
 
 
-def _check_turns(result: NegotiationResult, scenario: Scenario, role: Role, strict: bool, where: str) -> None:
+def _check_turns(
+    result: NegotiationResult, scenario: Scenario, role: Role, valid_moves: bool, rational: bool, where: str
+) -> None:
     if result.outcome.end_reason is EndReason.ERROR:
         raise ConformanceError(f"{where}: the negotiation ended with an error: {result.outcome.error}")
     standing = None
@@ -93,9 +102,9 @@ def _check_turns(result: NegotiationResult, scenario: Scenario, role: Role, stri
             continue
         if not isinstance(action, Action):
             raise ConformanceError(f"{where}: act() returned {type(action).__name__}, not an Action")
-        if strict and not turn.valid:
+        if valid_moves and not turn.valid:
             raise ConformanceError(f"{where}: invalid move in round {turn.round}: {turn.feedback}")
-        if not (strict and turn.valid):
+        if not (rational and turn.valid):
             continue
         if action.kind is ActionKind.OFFER and scenario.utility(role, action.offer) < rv:
             raise ConformanceError(f"{where}: offered {action.offer.describe()} below its reservation value {rv}")
@@ -113,7 +122,7 @@ async def acheck_negotiator(
     """Async form of :func:`check_negotiator`, for callers already inside an event loop."""
     factory = resolve(factory_or_spec) if isinstance(factory_or_spec, str) else factory_or_spec
     ref = resolve(partner)
-    strict = factory.kind == "rule"
+    valid_moves, rational = factory.kind in VALID_MOVES_KINDS, factory.kind in RATIONAL_KINDS
     scenarios = list(scenarios) if scenarios is not None else default_check_scenarios()
     negotiations = turns = agreements = 0
     for scenario in scenarios:
@@ -125,7 +134,7 @@ async def acheck_negotiator(
                     first = await _play(
                         scenario, role, factory(role, seed), other(role.other, seed + 1), seed, timeout_s
                     )
-                    _check_turns(first, scenario, role, strict, f"{where} vs {label}")
+                    _check_turns(first, scenario, role, valid_moves, rational, f"{where} vs {label}")
                     again = await _play(
                         scenario, role, factory(role, seed), other(role.other, seed + 1), seed, timeout_s
                     )

@@ -1,8 +1,10 @@
 """Negotiator specs: turn a string such as ``"boulware"`` or ``"walker:k=4"`` into a negotiator factory.
 
-Rule-based families live here; any other spec (``openai:...``, ``4.5b-rl``, ...) is handed to
-``nego.agents.model_specs.resolve_model_spec`` when that module is installed. Specs are checked completely in
-:func:`resolve`, so a typo fails before a market starts.
+Rule-based families live here; ``py:MODULE:ATTR`` specs and agents that other packages declare in the entry-point
+group ``nego.agents`` are resolved by ``nego.agents.plugins``; any other spec (``openai:...``, ``4.5b-rl``, ...) is
+handed to ``nego.agents.model_specs.resolve_model_spec`` when that module is installed. Built-in specs come first:
+entry points are read only for a name nothing built in takes. Specs are checked completely in :func:`resolve`, so a
+typo fails before a market starts.
 
 Spec syntax: ``name`` or ``name:key=value,key2=value2``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -25,6 +28,7 @@ from .tft import TitForTat
 from .timedep import TimeDependent
 
 MODEL_SPECS_MODULE = "nego.agents.model_specs"
+PY_SPEC_FORM = "py:<module>:<attr>"
 
 ParamValue = float | int | str
 
@@ -191,19 +195,45 @@ def resolve(spec: str, settings: object | None = None) -> NegotiatorFactory:
     name = name.strip().lower()
     if name in _FAMILIES or name in _ALIASES:
         return _resolve_rule(spec, name, text if colon else None)
+    if name == "py":
+        from .plugins import resolve_import_spec
+
+        return resolve_import_spec(spec)
     module = _model_specs_module()
     if module is not None:
         factory = module.resolve_model_spec(spec, settings)
         if factory is not None:
             return factory
-    raise UnknownSpecError(f"unknown negotiator spec {spec!r}; known: {', '.join(known_specs())}")
+    from .plugins import AGENT_GROUP, entry_names, resolve_entry_point
+
+    factory = resolve_entry_point(spec, name, text if colon else None, builtin_form)
+    if factory is not None:
+        return factory
+    plugins = [n for n in entry_names(AGENT_GROUP) if builtin_form(n) is None]
+    more = f"; plugin agents: {', '.join(plugins)}" if plugins else ""
+    raise UnknownSpecError(f"unknown negotiator spec {spec!r}; known: {', '.join(known_specs())}{more}")
 
 
 def known_specs() -> list[str]:
-    """Spec forms a user can write, rule-based first, then those of the model backends when installed."""
+    """Spec forms built into nego: rule-based first, then ``py:<module>:<attr>``, then those of the model backends
+    when installed. Agents from other packages are listed by ``nego.agents.plugins.list_plugins``."""
     module = _model_specs_module()
     more = getattr(module, "known_model_specs", None) if module is not None else None
-    return rule_specs() + (list(more()) if more is not None else [])
+    return [*rule_specs(), PY_SPEC_FORM, *(more() if more is not None else [])]
+
+
+def builtin_form(name: str) -> str | None:
+    """The built-in spec form that takes the bare spec name ``name`` (``"walker"`` -> ``"walker"``, ``"openai"`` ->
+    ``"openai:<model>"``, ``"x-rl"`` -> ``"<name>-rl"``), or None: an entry point of that name would be shadowed."""
+    name = name.strip().lower()
+    if name in _FAMILIES or name in _ALIASES:
+        return name
+    for form in known_specs():
+        head = form.partition(":")[0]
+        pattern = "".join(".+" if p.startswith("<") else re.escape(p) for p in re.split(r"(<[^>]*>)", head) if p)
+        if re.fullmatch(pattern, name):
+            return form
+    return None
 
 
 def rule_family(spec: str) -> str | None:

@@ -33,12 +33,25 @@ app.command()(sweep)
 
 @app.command()
 def agents() -> None:
-    """List the agent specs that --sellers and --buyers accept."""
-    from nego.agents.registry import known_specs
+    """List the agent specs that --sellers and --buyers accept: the built-in ones, then plugin agents that installed
+    packages declare (entry-point group nego.agents) with their distribution and target, broken ones with why."""
+    from nego.agents.plugins import AGENT_GROUP, list_plugins
+    from nego.agents.registry import builtin_form, known_specs
 
     console = Console()
     for spec in known_specs():
         console.print(spec, highlight=False)
+    entries = list_plugins(AGENT_GROUP, builtin_form)
+    if not entries:
+        console.print(f"no plugin agents installed (entry-point group {AGENT_GROUP})", highlight=False)
+        return
+    console.print(f"plugin agents (entry-point group {AGENT_GROUP}):", highlight=False)
+    width = max(len(e.name) for e in entries)
+    for e in entries:
+        line = f"{e.name:<{width}}  {e.target}  from {e.distribution}"
+        console.print(
+            line + (f"  {e.status}: {e.problem}" if e.problem else ""), highlight=False, markup=False, soft_wrap=True
+        )
 
 
 def main() -> None:

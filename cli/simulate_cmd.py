@@ -6,7 +6,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import polars as pl
 import typer
@@ -15,7 +15,6 @@ from nego.market.locks import DirectoryBusy, exclusive_run
 from nego.market.protocol import ProtocolConfig
 from nego.market.summary import summarize
 from nego.market.transcripts import TranscriptWriter, read_negotiations
-from nego.scenarios.scenario import Scenario
 from rich.console import Console
 from rich.table import Table
 
@@ -33,6 +32,9 @@ from .options import (
     parse_specs,
 )
 
+if TYPE_CHECKING:
+    from nego.market.population import ScenarioSource
+
 DEFAULT_SELLERS = "boulware,linear,conceder,tft"
 DEFAULT_BUYERS = "boulware,conceder,tft,walker"
 
@@ -49,7 +51,8 @@ class SimulateConfig:
     inventory: int = 60
     demand: int = 40
     scenarios: str | None = None
-    """A scenario file, a directory of them, 'builtin', or a suite name; None draws from the generator."""
+    """A scenario file, a directory of them, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; None draws from
+    the generator."""
     seed: int = 0
     concurrency: int = 256
     per_kind: dict[str, int] = field(default_factory=dict)
@@ -70,12 +73,17 @@ class SimulateConfig:
         return self.out or Path("runs") / f"simulate-seed{self.seed}"
 
 
-def load_scenario_source(source: str) -> list[Scenario]:
-    """Scenarios from a file, a directory, 'builtin', or the name of an evaluation suite."""
+def load_scenario_source(source: str) -> ScenarioSource:
+    """Scenarios from a file, a directory, 'builtin', the name of an evaluation suite, or a plugin source
+    (``plugin:NAME`` or ``py:MODULE:ATTR``: a list, or a ``seed -> Scenario`` function)."""
     from nego.scenarios.files import builtin_scenarios, load_scenarios
 
     if source == "builtin":
         return [s for _, s in builtin_scenarios()]
+    if source.startswith(("plugin:", "py:")):
+        from nego.agents.plugins import load_scenario_source as load_plugin_source
+
+        return load_plugin_source(source)
     path = Path(source)
     if path.exists():
         return load_scenarios(path)
@@ -203,7 +211,10 @@ def simulate(
     days: Annotated[int, typer.Option(help="Market days to simulate.")] = SimulateConfig.days,
     negotiations: Annotated[int, typer.Option(help="Sellers and buyers each: at most this many deals a day.")] = 32,
     scenarios: Annotated[
-        str | None, typer.Option(help="Scenario FILE, DIR, 'builtin' or a suite name; default: generated.")
+        str | None,
+        typer.Option(
+            help="Scenario FILE, DIR, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; default: generated."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed: same seed and options, same transcripts.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Negotiations in flight at most.")] = 256,
