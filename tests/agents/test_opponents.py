@@ -216,6 +216,9 @@ def test_outside_option_accepts_at_its_option_and_leaves_a_flat_trend():
     buyer = make(Role.BUYER, 0)
     assert act(buyer, buyer_obs(sc, 1, [above])).kind is ActionKind.ACCEPT
     assert buyer.outside == pytest.approx(outside)
+    between = seller_offer(70)  # 0.4: above its reservation 0.3, below its option 0.51
+    for r in (1, 10):
+        assert act(make(Role.BUYER, 0), buyer_obs(sc, r, [between] * r)).kind is not ActionKind.ACCEPT
     flat = [seller_offer(150)] * 3
     kinds = [act(b, buyer_obs(sc, r, flat[:r])).kind for b in [make(Role.BUYER, 0)] for r in (1, 2, 3)]
     assert kinds == [ActionKind.OFFER, ActionKind.OFFER, ActionKind.WALK_AWAY]
