@@ -21,7 +21,11 @@ from typing import Protocol, runtime_checkable
 from nego.market.protocol import Negotiator
 from nego.scenarios.scenario import Role
 
+from .deadline import Deadline
+from .hazard import Hazard
 from .heldout import Picky, Walker
+from .outside import OutsideOption
+from .reciprocal import Reciprocal
 from .rulebase import Clock
 from .simple import Hardliner, RandomValid
 from .tft import TitForTat
@@ -88,6 +92,40 @@ _FAMILIES: dict[str, _Family] = {
         Picky,
         {"margin": _Param(float, 0.15), "e": _Param(float, 0.5), "window": _Param(float, 0.05)},
         "accepts only >= rv + margin, offers on the opponent's side of its estimated Pareto frontier",
+    ),
+    "reciprocal": _Family(
+        Reciprocal,
+        {"r": _Param(float, 1.0), "harden": _Param(float, 0.2), "tol": _Param(float, 0.005)},
+        "concedes r times each opponent concession (own utility); on a stall it moves harden of the way back to "
+        "its best; never walks away",
+    ),
+    "outside": _Family(
+        OutsideOption,
+        {
+            "low": _Param(float, 0.1),
+            "high": _Param(float, 0.5),
+            "e": _Param(float, 1.0),
+            "memory": _Param(float, 0.7),
+            "min_offers": _Param(float, 3.0),
+        },
+        "private outside option rv + U(low, high) (best - rv) per negotiation; accepts anything above it, walks "
+        "away when the opponent's trend will not reach it by the deadline",
+    ),
+    "hazard": _Family(
+        Hazard,
+        {
+            "quit": _Param(float, 0.3),
+            "expect": _Param(float, 0.03),
+            "memory": _Param(float, 0.5),
+            "e": _Param(float, 1.0),
+        },
+        "concedes time-dependently; leaves each turn with probability quit * stall * (1 + t) / 2, stall rising "
+        "as the opponent's recent concessions fall below expect (seeded draws)",
+    ),
+    "deadline": _Family(
+        Deadline,
+        {"early": _Param(float, 0.4), "late": _Param(float, 1.0), "e": _Param(float, 2.0)},
+        "private deadline U(early, late) per negotiation: concedes to its reservation by then, walks away at it",
     ),
 }
 _ALIASES: dict[str, tuple[str, dict[str, ParamValue]]] = {
@@ -246,7 +284,21 @@ def rule_family(spec: str) -> str | None:
 
 def rule_specs() -> list[str]:
     """Spec forms of the rule-based families (``<e>`` stands for a number)."""
-    return ["boulware", "linear", "conceder", "timedep:e=<e>", "tft", "hardliner", "random", "walker", "picky"]
+    return [
+        "boulware",
+        "linear",
+        "conceder",
+        "timedep:e=<e>",
+        "tft",
+        "hardliner",
+        "random",
+        "walker",
+        "picky",
+        "reciprocal",
+        "outside",
+        "hazard",
+        "deadline",
+    ]
 
 
 def rule_spec_help() -> dict[str, str]:
