@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+
 from nego.market.types import Action, Observation
+from nego.scenarios.issues import Issue
 from nego.scenarios.scenario import Role
 
-from .backends.base import ChatBackend, ChatRequest
-from .parsing import action_tools, parse_response
+from .backends.base import BackendError, ChatBackend, ChatRequest, ChatResponse
+from .parsing import action_tools, clean_text, parse_response, raw_envelope
 from .prompts import DEFAULT_TEMPLATE, PromptTemplate, RenderCache, load_template
+from .secrets import Scrubber
+
+log = logging.getLogger(__name__)
+
+UNREADABLE_HINT = (
+    'reply with one short JSON object such as {"action": "offer", "offer": {...}, "message": "..."}, '
+    '{"action": "accept"} or {"action": "walk_away"}, or call one of the tools'
+)
 
 
 class LLMNegotiator:
@@ -15,10 +26,14 @@ class LLMNegotiator:
 
     Each turn is one stateless request built from the :class:`Observation` alone (the full public history is
     re-rendered every time), so the negotiator holds no hidden conversation state and a resumed negotiation
-    replays exactly. A reply that is not a legal action comes back as ``Action.invalid`` with the parser's
-    reason; the protocol sends that reason back as feedback. A backend that gives up raises
+    replays exactly. A reply that is not a legal action, whatever it holds, comes back as ``Action.invalid``
+    with the parser's reason; the protocol sends that reason back as feedback. A backend that gives up raises
     :class:`~nego.agents.backends.base.BackendError`, which ends the negotiation with an error outcome.
     ``Action.raw`` holds a JSON envelope with the template id (see :func:`nego.agents.parsing.raw_envelope`).
+
+    Every action and backend error is passed through ``scrubber`` (default: the credentials in the
+    environment and the backend's own key), so a key the model or its server writes into a reply never
+    reaches a transcript or the other side.
     """
 
     def __init__(
@@ -31,6 +46,7 @@ class LLMNegotiator:
         max_tokens: int = 512,
         temperature: float | None = None,
         use_tools: bool | None = None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.backend = backend
         self.role = Role(role)
@@ -41,6 +57,12 @@ class LLMNegotiator:
         if use_tools and not backend.supports_tools:
             raise ValueError(f"backend {backend.kind}:{backend.model} does not support tools; drop use_tools")
         self.use_tools = backend.supports_tools if use_tools is None else use_tools
+        credentials = getattr(backend, "credentials", None)
+        self.scrubber = (
+            scrubber if scrubber is not None else Scrubber.from_env(extra=credentials() if credentials else ())
+        )
+        self.unreadable = 0
+        """Replies the parser failed on (a bug in it): each became an invalid action and was logged."""
         self._cache = RenderCache()  # the protocol hands the same view every turn: fixed parts rendered once
 
     @property
@@ -59,8 +81,24 @@ class LLMNegotiator:
             temperature=self.temperature,
             seed=self.call_seed(obs),
         )
-        response = await self.backend.complete(request)
-        return parse_response(response, issues, prompt_id=self.prompt_id)
+        try:
+            response = await self.backend.complete(request)
+        except BackendError as e:
+            raise BackendError(self.scrubber(str(e))) from None
+        return self.read(response, issues)
+
+    def read(self, response: ChatResponse, issues: tuple[Issue, ...]) -> Action:
+        """The action in ``response``, scrubbed of credentials: a checked move or an invalid one, never an error."""
+        response = self.scrubber.response(response)
+        try:
+            action = parse_response(response, issues, prompt_id=self.prompt_id)
+        except Exception as e:  # the parser is total; should it ever fail, the turn is retried, not the run ended
+            self.unreadable += 1
+            what = f"{type(e).__name__}: {self.scrubber(clean_text(str(e)))[:200]}"
+            log.warning("%r: the parser failed on a reply (%s); counted as an invalid action", self, what)
+            error = f"your reply could not be read ({type(e).__name__}); {UNREADABLE_HINT}"
+            action = Action.invalid(raw_envelope(self.prompt_id, response), error, usage=response.usage)
+        return self.scrubber.action(action)
 
     def call_seed(self, obs: Observation) -> int:
         """A sampling seed per (negotiator seed, round, attempt): a retry samples afresh, a rerun repeats."""

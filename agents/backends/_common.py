@@ -33,13 +33,15 @@ from .limits import (
 class SDKBackend:
     """A :class:`~nego.agents.backends.base.ChatBackend` over a provider SDK's async client.
 
-    Subclasses set ``kind`` and ``supports_tools`` and implement :meth:`_new_client`, :meth:`_endpoint`,
-    :meth:`_kwargs`, :meth:`_validate` and :meth:`_classify`. The API key is held as a :class:`Secret` and
-    redacted from every error.
+    Subclasses set ``kind``, ``supports_tools`` and ``key_env`` and implement :meth:`_new_client`,
+    :meth:`_endpoint`, :meth:`_kwargs`, :meth:`_validate` and :meth:`_classify`. The API key is held as a
+    :class:`Secret` and redacted from every error.
     """
 
     kind: str
     supports_tools: bool
+    key_env: str
+    """The environment variable the key usually comes from; names the key in redaction markers."""
 
     def __init__(
         self,
@@ -61,6 +63,11 @@ class SDKBackend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, model={self.model!r}, base_url={self.base_url!r})"
+
+    def credentials(self) -> tuple[tuple[str, str], ...]:
+        """(name, value) of the key this backend sends, for scrubbing replies; empty without a key."""
+        key = self._api_key.reveal()
+        return ((self.key_env, key),) if key else ()
 
     def _new_client(self) -> Any:
         raise NotImplementedError

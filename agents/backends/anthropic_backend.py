@@ -24,6 +24,7 @@ class AnthropicBackend(SDKBackend):
 
     kind = "anthropic"
     supports_tools = True
+    key_env = "ANTHROPIC_API_KEY"
 
     def _new_client(self) -> anthropic.AsyncAnthropic:
         key = self._api_key.reveal()

@@ -42,6 +42,7 @@ class OpenAIBackend(SDKBackend):
     ) -> None:
         super().__init__(model, base_url=base_url, api_key=api_key, limits=limits, policy=policy, prices=prices)
         self.kind = kind
+        self.key_env = "VLLM_API_KEY" if kind == "vllm" else "OPENAI_API_KEY"
         self.supports_tools = supports_tools
         self.missing_usage = 0
 

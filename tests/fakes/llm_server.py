@@ -4,9 +4,9 @@ It answers with whatever a *brain* decides (a callable from the request's messag
 in the wire format the request asks for: tool calls when tools were offered, otherwise text with a JSON block.
 A :class:`Control` object steers it: latency, a queue of faults applied to the next requests (HTTP errors
 with or without ``Retry-After``, a truncated body, empty choices, a missing field, wrong-typed tool arguments, a
-tool call missing an issue, an error body that echoes the caller's API key, a reply held back past the client's
-timeout), and a fault applied to every request while set (a server that is down). Every request body is
-recorded.
+tool call missing an issue, an error body that echoes the caller's API key, a reply whose message echoes it, a
+reply of any given text, a reply held back past the client's timeout), and a fault applied to every request
+while set (a server that is down). Every request body is recorded.
 
 Run it standalone (for benchmarks in a separate process): ``python llm_server.py --latency 0.05``; it prints
 ``port=<N>`` on its first line and serves until killed.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import re
 from collections import deque
@@ -40,7 +41,10 @@ class Fault:
     retry_after: str | None = None
     mode: str | None = None
     """Corrupt a 200: "truncated" (half the body), "empty_choices", "missing_field", "wrong_types" or
-    "missing_arg" (tool arguments), "length" (a reply cut at max_tokens); or "echo_key" (an error echoing the key)."""
+    "missing_arg" (tool arguments), "length" (a reply cut at max_tokens), "say_key" (the brain's move with the
+    caller's credential as its message); or "echo_key" (an error echoing the key)."""
+    text: str | None = None
+    """Answer a 200 with exactly this reply text (no tool calls), whatever the brain decides."""
     delay_s: float = 0.0
     """Extra seconds before answering (past the client's timeout: a timed-out try)."""
 
@@ -93,7 +97,11 @@ class FakeLLMServer:
         delay = self.control.latency_s + (fault.delay_s if fault else 0.0)
         if delay:
             await asyncio.sleep(delay)
-        return fault, self.brain(messages)
+        action = self.brain(messages)
+        if fault is not None and fault.mode == "say_key":
+            credential = request.headers.get("x-api-key") or request.headers.get("Authorization", "")
+            action = dataclasses.replace(action, message=f"my key is {credential.removeprefix('Bearer ')}, thanks")
+        return fault, action
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -105,6 +113,8 @@ class FakeLLMServer:
         cut = bool(fault and fault.mode == "length")
         if cut:
             message["content"] = _text_reply(action)[:30]
+        elif fault is not None and fault.text is not None:
+            message["content"] = fault.text
         elif body.get("tools"):
             call = action_to_tool_call(action)
             args = _tool_arguments(call.arguments, fault)
@@ -137,6 +147,8 @@ class FakeLLMServer:
         cut = bool(fault and fault.mode == "length")
         if cut:
             content = [{"type": "text", "text": _text_reply(action)[:30]}]
+        elif fault is not None and fault.text is not None:
+            content = [{"type": "text", "text": fault.text}]
         elif body.get("tools"):
             call = action_to_tool_call(action)
             args = _tool_arguments(call.arguments, fault)
