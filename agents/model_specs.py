@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from nego.scenarios.scenario import Role
 
 from .backends.base import ChatBackend
 from .backends.limits import PriceTable, RateLimits, RetryPolicy
+from .backends.urls import check_base_url
 from .llm import LLMNegotiator
 from .prompts import DEFAULT_TEMPLATE, PromptTemplate, TemplateError, load_template
 
@@ -150,8 +150,17 @@ def _openai_module():
     return openai_backend
 
 
+def _server_url(spec: str, url: str | None, where: str, key_env: str) -> str | None:
+    """``url`` checked before anything is built; the error names the spec and where the URL came from."""
+    try:
+        return check_base_url(url, f"{spec}: the server URL ({where})", key_env)
+    except ValueError as e:
+        raise ModelSpecError(str(e)) from None
+
+
 def _openai(model: str, settings: LLMSettings) -> LLMFactory:
     key = os.environ.get("OPENAI_API_KEY")
+    _server_url(f"openai:{model}", settings.base_url, "--base-url or OPENAI_BASE_URL", "OPENAI_API_KEY")
     if not key and not settings.base_url:
         raise ModelSpecError(
             f"openai:{model} needs an API key: export OPENAI_API_KEY=... (or point --base-url / OPENAI_BASE_URL "
@@ -165,6 +174,7 @@ def _openai(model: str, settings: LLMSettings) -> LLMFactory:
 
 def _anthropic(model: str, settings: LLMSettings) -> LLMFactory:
     key, base_url = os.environ.get("ANTHROPIC_API_KEY"), os.environ.get("ANTHROPIC_BASE_URL") or None
+    _server_url(f"anthropic:{model}", base_url, "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
     if not key and not base_url:
         raise ModelSpecError(f"anthropic:{model} needs an API key: export ANTHROPIC_API_KEY=...")
     try:
@@ -177,16 +187,17 @@ def _anthropic(model: str, settings: LLMSettings) -> LLMFactory:
 
 
 def _vllm(rest: str, settings: LLMSettings) -> LLMFactory:
-    model, at, url = rest.rpartition("@")
+    start = rest.lower().find("@http")  # the URL starts there, even when it has an '@' of its own
+    model, at, url = (rest[:start], "@", rest[start + 1 :]) if start > 0 else rest.rpartition("@")
     if not at or not model:
-        raise ModelSpecError(f"vllm spec 'vllm:{rest}' must look like vllm:<model>@http://host:port")
+        shown = f"vllm:{rest}" if "@" not in url else f"vllm:{model}@..."
+        raise ModelSpecError(f"vllm spec {shown!r} must look like vllm:<model>@http://host:port")
     return _vllm_factory(f"vllm:{model}@{url}", model, url, settings)
 
 
-def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings) -> LLMFactory:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ModelSpecError(f"{spec}: the server URL must look like http://host:port, got {url!r}")
+def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings, where: str = "") -> LLMFactory:
+    # the spec may hold the URL itself: an error names the spec only up to it
+    url = _server_url(spec.split("@", 1)[0], url, where or "in the spec", "VLLM_API_KEY")
     base = url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
     backend = _openai_module().OpenAIBackend(
@@ -229,7 +240,7 @@ def _size_alias(alias: str, settings: LLMSettings) -> LLMFactory:
     hub_id = SIZE_ALIASES[alias]
     server = settings.vllm_url or settings.base_url
     if server:
-        return _vllm_factory(alias, hub_id, server, settings)
+        return _vllm_factory(alias, hub_id, server, settings, _VLLM_URL_SOURCE)
     return _hf(hub_id, settings, spec=alias)
 
 
@@ -268,12 +279,14 @@ def _registered(name: str, settings: LLMSettings):
         settings = replace(settings, temperature=float(temperature))
     server = settings.vllm_url or settings.base_url
     if server:
-        return _vllm_factory(name, entry.path, server, settings)
+        return _vllm_factory(name, entry.path, server, settings, _VLLM_URL_SOURCE)
     return _hf(entry.path, settings, spec=name)
 
 
 def _limits(settings: LLMSettings) -> dict[str, Any]:
     return {"limits": settings.limits, "policy": settings.policy, "prices": settings.prices}
 
+
+_VLLM_URL_SOURCE = "NEGO_VLLM_URL, --base-url or OPENAI_BASE_URL"
 
 _LOADERS = {"openai": _openai, "anthropic": _anthropic, "vllm": _vllm, "hf": _hf}

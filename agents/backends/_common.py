@@ -28,6 +28,7 @@ from .limits import (
     estimate_tokens,
     parse_retry_after,
 )
+from .urls import check_base_url, connection_problem
 
 
 class SDKBackend:
@@ -35,7 +36,8 @@ class SDKBackend:
 
     Subclasses set ``kind``, ``supports_tools`` and ``key_env`` and implement :meth:`_new_client`,
     :meth:`_endpoint`, :meth:`_kwargs`, :meth:`_validate` and :meth:`_classify`. The API key is held as a
-    :class:`Secret` and redacted from every error.
+    :class:`Secret` and redacted from every error. ``base_url`` is checked here, before any call
+    (``ValueError``: not http(s), no host, a bad port, or a user name or password in it).
     """
 
     kind: str
@@ -54,7 +56,7 @@ class SDKBackend:
         prices: PriceTable | None = None,
     ) -> None:
         self.model = model
-        self.base_url = base_url
+        self.base_url = check_base_url(base_url, f"the {self.kind} base URL", self.key_env)
         self.limits = limits or RateLimits()
         self.policy = policy or RetryPolicy()
         self.prices = prices or PriceTable()
@@ -131,22 +133,30 @@ def sdk_client(sdk: ModuleType, client_type: type, api_key: str | None, base_url
     )
 
 
-def classify_sdk_error(error: BaseException, sdk: ModuleType, root_error: type[BaseException]) -> Failure | None:
+def classify_sdk_error(
+    error: BaseException, sdk: ModuleType, root_error: type[BaseException], base_url: str | None = None
+) -> Failure | None:
     """Judge an exception raised by ``sdk`` (``openai`` or ``anthropic``) or by a reply's validation.
 
-    Rate limits, server errors, timeouts, broken connections and unreadable replies are retried (a
+    Rate limits, server errors, timeouts, broken or refused connections and unreadable replies are retried (a
     ``Retry-After`` or ``retry-after-ms`` header is honoured); other SDK errors are not; anything else is not a
-    backend failure (``None``: re-raised unchanged).
+    backend failure (``None``: re-raised unchanged). A connection error is named by its cause (refused, host
+    not found) and the address tried (``base_url`` when the error does not say), never as a timeout.
     """
     if isinstance(error, MalformedResponse):
         return Failure(True, f"malformed reply: {error}")
     if isinstance(error, sdk.APIStatusError):
         retry = _retry_after(error.response.headers)
         return Failure(error.status_code in RETRY_STATUS, f"HTTP {error.status_code}: {error.message}", retry)
-    if isinstance(error, sdk.APITimeoutError):
-        return Failure(True, "the request timed out")
-    if isinstance(error, sdk.APIConnectionError):
+    if isinstance(error, sdk.APIConnectionError):  # a timeout is a connection error to the SDK
+        problem = connection_problem(error, base_url)
+        if problem is not None:
+            return Failure(True, problem)
+        if isinstance(error, sdk.APITimeoutError):
+            return Failure(True, "the request timed out")
         return Failure(True, f"connection failed: {error.message}")
+    if isinstance(error, RecursionError):  # a reply body nested too deeply for the SDK's JSON decoder
+        return Failure(True, "unreadable reply: its JSON is nested too deeply to decode")
     if isinstance(error, sdk.APIResponseValidationError | ValueError):
         return Failure(True, f"unreadable reply: {type(error).__name__}: {error}")
     if isinstance(error, root_error):

@@ -34,7 +34,9 @@ class AnthropicBackend(SDKBackend):
         return client.messages.create
 
     def _classify(self, error: BaseException) -> Failure | None:
-        return classify_sdk_error(error, anthropic, anthropic.AnthropicError)
+        return classify_sdk_error(
+            error, anthropic, anthropic.AnthropicError, self.base_url or "https://api.anthropic.com"
+        )
 
     def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -65,7 +67,11 @@ class AnthropicBackend(SDKBackend):
                 if not isinstance(name, str) or not hasattr(block, "input"):
                     raise MalformedResponse("a tool_use block lacks a string name or an input")
                 # the input is re-encoded as JSON text; a non-object input is left for the action parser to reject
-                calls.append(ToolCall(name, json.dumps(block.input)))
+                try:
+                    arguments = json.dumps(block.input)
+                except (RecursionError, ValueError, TypeError):
+                    raise MalformedResponse("a tool_use input cannot be encoded as JSON (nested too deeply?)") from None
+                calls.append(ToolCall(name, arguments))
             elif not isinstance(kind, str):
                 raise MalformedResponse("a content block has no type")
         usage = getattr(resp, "usage", None)

@@ -40,9 +40,9 @@ class OpenAIBackend(SDKBackend):
         policy: RetryPolicy | None = None,
         prices: PriceTable | None = None,
     ) -> None:
-        super().__init__(model, base_url=base_url, api_key=api_key, limits=limits, policy=policy, prices=prices)
         self.kind = kind
         self.key_env = "VLLM_API_KEY" if kind == "vllm" else "OPENAI_API_KEY"
+        super().__init__(model, base_url=base_url, api_key=api_key, limits=limits, policy=policy, prices=prices)
         self.supports_tools = supports_tools
         self.missing_usage = 0
 
@@ -55,7 +55,7 @@ class OpenAIBackend(SDKBackend):
         return client.chat.completions.create
 
     def _classify(self, error: BaseException) -> Failure | None:
-        return classify_sdk_error(error, openai, openai.OpenAIError)
+        return classify_sdk_error(error, openai, openai.OpenAIError, self.base_url or "https://api.openai.com/v1")
 
     def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
