@@ -121,6 +121,8 @@ async def test_wrong_or_missing_token_is_401_and_ends_the_negotiation_without_re
                 assert resp.status == 401
                 assert "bearer token" in (await resp.json())["error"]
         async with http.get(f"{url}/health") as resp:
+            assert (await resp.json()) == {"ok": True}  # what is served is told to token holders only
+        async with http.get(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
             assert (await resp.json()) == {"ok": True, "v": WIRE_VERSION, "agent": "test:stepper"}
     remote = RemoteFactory(url, token="wrong", retries=3, backoff_s=0)
     result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
@@ -330,6 +332,8 @@ def test_serve_agent_command_refuses_a_spec_it_cannot_play(monkeypatch):
         (["no-such-agent"], "unknown negotiator spec"),
         (["openai:gpt-5-mini"], "export OPENAI_API_KEY"),
         (["vllm:m@http://127.0.0.1:9", "--template", "no-such-template"], "neither a built-in template"),
+        (["tft", "--token", "has a space"], "printable ASCII without spaces"),
+        (["tft", "--read-timeout-s", "0"], "--read-timeout-s and --max-connections must be positive"),
     ]
     for args, reason in cases:
         result = CliRunner().invoke(app, [*args, "--port", "0"])
@@ -348,7 +352,8 @@ async def test_serve_agent_command_prints_a_token_serves_health_and_plays(tmp_pa
         url = re.search(r"serving tft at (http://127\.0\.0\.1:\d+) ", said[0]).group(1)
         token = re.fullmatch(r"token: (\S+)  \(clients: export NEGO_AGENT_TOKEN=(\S+)\)\n", said[1]).group(1)
         assert len(token) >= 24 and f"remote:{url}" in said[2]
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/health") as resp:
+        auth = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/health", headers=auth) as resp:
             assert (await resp.json())["agent"] == "tft"
         wrong = RemoteFactory(url, token=token + "x", backoff_s=0)
         right = RemoteFactory(url, token=token, backoff_s=0)
