@@ -2,16 +2,17 @@
 
 A :class:`RemoteNegotiator` sends the server the observation it was given, which holds only its own side's
 view, and turns the reply into an :class:`Action`. Connection errors, timeouts and 5xx answers are retried
-with exponential backoff; a reply that is not a well-formed action counts as an invalid action (the protocol
-answers it with feedback, as for unparseable model output); a request the server refuses (4xx) or one that
-still fails after the retries raises :class:`RemoteAgentError`, which ends the negotiation as an error.
+with exponential backoff; a reply that is not a well-formed action (including one past the parsing limits of
+:mod:`nego.scenarios.safeload`: deep nesting, huge integers) counts as an invalid action (the protocol answers
+it with feedback, as for unparseable model output); a request the server refuses (4xx), a reply larger than
+:data:`MAX_REPLY_BYTES`, or one that still fails after the retries raises :class:`RemoteAgentError`, which
+ends the negotiation as an error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import time
 import uuid
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 from nego.market.protocol import NegotiatorError
 from nego.market.types import Action, Observation, Usage
+from nego.scenarios.safeload import DataLimitError, loads_json
 from nego.scenarios.scenario import Role
 
 from .wire import WIRE_VERSION, WireError, action_from_dict, observation_to_dict
@@ -28,6 +30,8 @@ TOKEN_ENV = "NEGO_AGENT_TOKEN"
 MAX_BACKOFF_S = 8.0
 MAX_RAW_CHARS = 4000
 """How much of a malformed reply is kept in the transcript (enough to see what went wrong)."""
+MAX_REPLY_BYTES = 1 << 20
+"""Largest reply read from a server (an action takes a few hundred bytes)."""
 
 
 class RemoteAgentError(NegotiatorError):
@@ -99,11 +103,14 @@ class RemoteFactory:
                 await asyncio.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2 ** (attempt - 1)))
             try:
                 async with self._client().post(f"{self.url}/act", json=body, headers=headers) as resp:
-                    text = await resp.text(errors="replace")
+                    raw = await _read_capped(resp.content, MAX_REPLY_BYTES)
                     status = resp.status
             except (aiohttp.ClientError, TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 continue
+            if raw is None:
+                raise RemoteAgentError(f"{self.url} sent a reply larger than {MAX_REPLY_BYTES} bytes (HTTP {status})")
+            text = raw.decode("utf-8", errors="replace")
             if status == 200:
                 return text
             last = f"HTTP {status}: {_reason(text)}"
@@ -135,13 +142,23 @@ class RemoteNegotiator:
         return decode_reply(text, time.perf_counter() - start)
 
 
+async def _read_capped(stream: Any, cap: int) -> bytes | None:
+    """The whole body, or None as soon as it runs past ``cap`` bytes."""
+    data = bytearray()
+    async for chunk in stream.iter_chunked(1 << 16):
+        data += chunk
+        if len(data) > cap:
+            return None
+    return bytes(data)
+
+
 def decode_reply(text: str, latency_s: float = 0.0) -> Action:
     """The action in a server's 200 reply, or an invalid action saying what is wrong with the reply."""
     raw = text[:MAX_RAW_CHARS]
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        return Action.invalid(raw, f"the remote agent's reply is not JSON: {e}", Usage(latency_s=latency_s))
+        body = loads_json(text)
+    except DataLimitError as e:  # bad syntax, or deep nesting and huge numbers that the parsers would choke on
+        return Action.invalid(raw, f"the remote agent's reply was refused: {e}", Usage(latency_s=latency_s))
     try:
         if not isinstance(body, dict) or "action" not in body:
             raise WireError("reply: expected an object with an 'action' field")
@@ -153,7 +170,7 @@ def decode_reply(text: str, latency_s: float = 0.0) -> Action:
 
 def _reason(text: str) -> str:
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
+        body = loads_json(text)
+    except DataLimitError:
         return text[:200]
     return str(body.get("error", text[:200])) if isinstance(body, dict) else text[:200]

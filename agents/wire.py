@@ -3,18 +3,20 @@
 The marketplace sends a remote agent the :class:`Observation` of the side it plays (which only ever holds
 that side's own view: its preferences, its brief, the public history) and gets an :class:`Action` back.
 Both directions cross a trust boundary, so the ``*_from_dict`` functions validate every field and raise
-:class:`WireError` naming the path of the first bad field (``observation.scenario.issues[1].low: ...``).
+:class:`WireError` naming the path of the first bad field (``observation.scenario.issues[1].low: ...``). An
+observation is held to the limits of scenario files (:mod:`nego.scenarios.limits`: grid points per issue, outcomes,
+rounds), so no body can make an agent enumerate an unbounded grid.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from nego.market.types import Action, ActionKind, Observation, Offer, PublicMove, Usage
 from nego.scenarios.io import issue_to_dict, preferences_to_dict
 from nego.scenarios.issues import Issue, IssueKind, Value
+from nego.scenarios.limits import is_finite_number, outcomes_problem, rounds_problem
 from nego.scenarios.preferences import Direction, Preferences, ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
@@ -123,7 +125,7 @@ def _int(x: object, path: str, minimum: int | None = None) -> int:
 
 
 def _num(x: object, path: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+    if not is_finite_number(x):
         raise WireError(f"{path}: expected a finite number, got {x!r}")
     return x
 
@@ -212,6 +214,13 @@ def _view_from_dict(x: object, path: str) -> ScenarioView:
     names = [i.name for i in issues]
     if len(set(names)) != len(names):
         raise WireError(f"{path}.issues: duplicate issue names {names}")
+    too_many = outcomes_problem([i.size for i in issues])
+    if too_many is not None:
+        raise WireError(f"{path}.issues: {too_many}")
+    max_rounds = _int(_get(d, "max_rounds", path), f"{path}.max_rounds")
+    rounds = rounds_problem(max_rounds)
+    if rounds is not None:
+        raise WireError(f"{path}.max_rounds: {rounds}")
     return ScenarioView(
         id=_str(_get(d, "id", path), f"{path}.id"),
         role=_enum(Role, _get(d, "role", path), f"{path}.role"),
@@ -220,7 +229,7 @@ def _view_from_dict(x: object, path: str) -> ScenarioView:
         issues=issues,
         preferences=_preferences_from_dict(_get(d, "preferences", path), issues, f"{path}.preferences"),
         brief=_str(d.get("brief", ""), f"{path}.brief"),
-        max_rounds=_int(_get(d, "max_rounds", path), f"{path}.max_rounds", minimum=1),
+        max_rounds=max_rounds,
         opener=_enum(Role, _get(d, "opener", path), f"{path}.opener"),
     )
 
@@ -270,9 +279,10 @@ def observation_from_dict(x: object) -> Observation:
     d = _obj(x, path, {"v", "scenario", "history", "round", "standing_offer", "feedback", "attempt"})
     check_version(d, path)
     view = _view_from_dict(_get(d, "scenario", path), f"{path}.scenario")
-    history = tuple(
-        _move_from_dict(m, view, f"{path}.history[{k}]") for k, m in enumerate(_list(_get(d, "history", path), path))
-    )
+    moves = _list(_get(d, "history", path), f"{path}.history")
+    if len(moves) > 2 * view.max_rounds:
+        raise WireError(f"{path}.history: {len(moves)} moves, more than two per round of {view.max_rounds}")
+    history = tuple(_move_from_dict(m, view, f"{path}.history[{k}]") for k, m in enumerate(moves))
     rnd = _int(_get(d, "round", path), f"{path}.round", minimum=1)
     if rnd > view.max_rounds:
         raise WireError(f"{path}.round: {rnd} is past the scenario's max_rounds {view.max_rounds}")

@@ -85,8 +85,15 @@ def load_scenario_source(source: str) -> ScenarioSource:
 
         return load_plugin_source(source)
     path = Path(source)
-    if path.exists():
-        return load_scenarios(path)
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # a name no file system takes (a NUL byte, too long): not a file, maybe a suite
+        exists = False
+    if exists:
+        try:
+            return load_scenarios(path)  # a bad file raises ScenarioFileError naming the file and the field
+        except OSError as e:  # a directory that cannot be listed
+            raise ValueError(f"--scenarios {source}: cannot read it ({e.strerror or e})") from None
     if path.suffix in (".toml", ".json") or "/" in source:
         raise ValueError(f"--scenarios {source}: no such file or directory")
     from nego.evaluation.suites import load_suite

@@ -11,6 +11,7 @@ import numpy as np
 from .analysis import analyse, compute_utilities, outcome_space
 from .files import dumps_toml, scenario_from_text
 from .io import scenario_from_dict, scenario_to_dict
+from .limits import MAX_ISSUE_POINTS, outcomes_problem, rounds_problem
 from .scenario import Role, Scenario
 
 
@@ -20,6 +21,7 @@ class ScenarioCheckError(AssertionError):
 
 def check_scenario(scenario: Scenario) -> None:
     """Raise :class:`ScenarioCheckError` naming the first broken rule; return None when the scenario conforms."""
+    _check_limits(scenario)
     _check_utilities(scenario)
     _check_isolation(scenario)
     _check_zopa_flag(scenario)
@@ -28,6 +30,19 @@ def check_scenario(scenario: Scenario) -> None:
 
 def _fail(scenario: Scenario, message: str) -> None:
     raise ScenarioCheckError(f"scenario {scenario.id!r}: {message}")
+
+
+def _check_limits(scenario: Scenario) -> None:
+    # The constructors enforce these; checking again catches a scenario altered past them (object.__setattr__).
+    rounds = rounds_problem(scenario.max_rounds)
+    if rounds is not None:
+        _fail(scenario, f"max_rounds {rounds}")
+    for issue in scenario.issues:
+        if issue.size > MAX_ISSUE_POINTS:
+            _fail(scenario, f"issue {issue.name!r} has {issue.size:,} grid points (limit {MAX_ISSUE_POINTS:,})")
+    outcomes = outcomes_problem([i.size for i in scenario.issues])
+    if outcomes is not None:
+        _fail(scenario, outcomes)
 
 
 def _check_utilities(scenario: Scenario) -> None:

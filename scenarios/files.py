@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .io import normalise_scenario, scenario_from_dict, scenario_to_dict
+from .limits import MAX_FILE_BYTES
+from .safeload import DataLimitError, decode_utf8, loads_json, loads_toml
 from .scenario import Scenario
 
 BUILTIN = "builtin"
@@ -123,20 +124,29 @@ def _read(path: Path) -> dict[str, Any]:
             [Problem(str(path), "(file)", f"unknown file type {path.suffix!r}", "use .toml or .json")]
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise ScenarioFileError(
             [Problem(str(path), "(file)", f"cannot read it ({e.strerror})", "check the path")]
         ) from None
+    if len(raw) > MAX_FILE_BYTES:
+        fix = "a scenario needs a few KiB; check that this is the right file"
+        raise ScenarioFileError([Problem(str(path), "(file)", f"larger than {MAX_FILE_BYTES >> 20} MiB", fix)])
+    try:
+        text = decode_utf8(raw)
+    except DataLimitError as e:
+        raise ScenarioFileError([Problem(str(path), "(file)", e.reason, "save the file as UTF-8")]) from None
     return _parse(text, path.suffix[1:], str(path))
 
 
 def _parse(text: str, fmt: str, name: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        data = loads_toml(text) if fmt == "toml" else loads_json(text)
+    except DataLimitError as e:
+        fix = "fix the syntax" if e.syntax else "write plain numbers and at most a few levels of tables"
         raise ScenarioFileError(
-            [Problem(name, "(syntax)", f"not valid {fmt.upper()}: {e}", "fix the syntax")]
+            [Problem(name, e.path or ("(syntax)" if e.syntax else "(limits)"), e.reason, fix)]
         ) from None
     if not isinstance(data, dict):
         raise ScenarioFileError([Problem(name, "(top level)", "expected a table of fields", "see the examples")])

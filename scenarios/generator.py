@@ -21,6 +21,7 @@ import numpy as np
 from .analysis import compute_utilities
 from .catalog import CATEGORIES, FILLERS, CategoricalSpec, Category, IssueSpec, NumericSpec, category
 from .issues import Issue, IssueKind, Value
+from .limits import rounds_problem
 from .preferences import Preferences, ValueFunction
 from .scenario import Role, Scenario
 
@@ -78,6 +79,9 @@ def generate_scenario(
         raise ValueError(f"seed and index must be non-negative, got seed={seed}, index={index}")
     if opposition is not None and not 0.0 <= opposition <= 1.0:
         raise ValueError(f"opposition must lie in [0, 1], got {opposition}")
+    rounds = rounds_problem(max_rounds)
+    if rounds is not None:
+        raise ValueError(f"max_rounds {rounds}")
     rng = np.random.default_rng([seed, index])
     # Always draw both, so that fixing one of them leaves the rest of the stream unchanged.
     drawn_category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]

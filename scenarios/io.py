@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from .issues import Issue, IssueKind
+from .limits import (
+    MAX_ROUNDS,
+    is_finite_number,
+    numeric_range_problem,
+    options_problem,
+    outcomes_problem,
+    rounds_problem,
+)
 from .preferences import Direction, Preferences, ValueFunction
 from .scenario import Role, Scenario
 
@@ -101,9 +108,6 @@ def scenario_from_dict(d: dict[str, Any]) -> Scenario:
 
 # Validation of untrusted data (a file a person wrote): every problem is reported with its field path and a fix.
 
-MAX_OUTCOMES = 2_000_000
-"""Largest outcome grid a scenario file may define (the analysis enumerates every outcome)."""
-
 _TOP_FIELDS = (
     "id",
     "category",
@@ -137,8 +141,10 @@ def normalise_scenario(data: Mapping[str, Any]) -> tuple[dict[str, Any], Problem
             clean[key] = value
     if "max_rounds" in data:
         rounds = data["max_rounds"]
-        if not _is_int(rounds) or rounds < 1:
-            problems.append(("max_rounds", f"must be a whole number >= 1, got {rounds!r}", "use e.g. max_rounds = 10"))
+        if not _is_int(rounds) or rounds_problem(rounds):
+            problems.append(
+                ("max_rounds", f"must be a whole number in 1..{MAX_ROUNDS}, got {rounds!r}", "use e.g. max_rounds = 10")
+            )
         clean["max_rounds"] = rounds
     if "opener" in data:
         if data["opener"] not in ("seller", "buyer"):
@@ -153,10 +159,10 @@ def normalise_scenario(data: Mapping[str, Any]) -> tuple[dict[str, Any], Problem
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             problems.append(("tags", f"must be a list of strings, got {tags!r}", 'use tags = ["a", "b"]'))
         clean["tags"] = tags
-    issues = _issues(data.get("issues"), problems)
+    issues, broken = _issues(data.get("issues"), problems)
     clean["issues"] = issues
     for side in ("seller", "buyer"):
-        clean[side] = _side(data.get(side), side, issues, problems)
+        clean[side] = _side(data.get(side), side, issues, broken, problems)
     return clean, problems
 
 
@@ -165,7 +171,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    return is_finite_number(x)
 
 
 def _unknown(table: Mapping[str, Any], known: tuple[str, ...], prefix: str, problems: Problems) -> None:
@@ -184,19 +190,24 @@ def _text(data: Mapping[str, Any], key: str, prefix: str, problems: Problems, *,
     return data[key]
 
 
-def _issues(raw: Any, problems: Problems) -> list[dict[str, Any]]:
+def _issues(raw: Any, problems: Problems) -> tuple[list[dict[str, Any]], set[str]]:
+    """The valid issues, and the names of those with a problem (the sides' entries for them are not checked, so
+    one bad issue is reported once)."""
     if raw is None:
         problems.append(("issues", "missing", "add at least one [[issues]] table with name and kind"))
-        return []
+        return [], set()
     if not isinstance(raw, list) or not raw or not all(isinstance(i, Mapping) for i in raw):
         problems.append(("issues", "must be a non-empty list of tables", "write each issue as an [[issues]] table"))
-        return []
+        return [], set()
     out: list[dict[str, Any]] = []
+    broken: set[str] = set()
     names: set[str] = set()
-    outcomes = 1
+    sizes: list[int] = []
     for k, item in enumerate(raw):
         issue, size = _issue(item, f"issues[{k}].", problems)
         if issue is None:
+            if isinstance(item.get("name"), str):
+                broken.add(item["name"])
             continue
         if issue["name"] in names:
             problems.append(
@@ -205,12 +216,11 @@ def _issues(raw: Any, problems: Problems) -> list[dict[str, Any]]:
             continue
         names.add(issue["name"])
         out.append(issue)
-        outcomes *= size
-    if outcomes > MAX_OUTCOMES:
-        problems.append(
-            ("issues", f"the outcome grid has {outcomes:,} outcomes (limit {MAX_OUTCOMES:,})", "use coarser steps")
-        )
-    return out
+        sizes.append(size)
+    too_many = outcomes_problem(sizes)
+    if too_many:
+        problems.append(("issues", too_many, "use coarser steps, fewer options or fewer issues"))
+    return out, broken - names
 
 
 def _issue(item: Mapping[str, Any], at: str, problems: Problems) -> tuple[dict[str, Any] | None, int]:
@@ -255,6 +265,10 @@ def _categorical_issue(item: Mapping[str, Any], name: str, at: str, clean: dict[
             )
         )
         return 1
+    limit = options_problem(len(options))
+    if limit:
+        problems.append((f"{at}options", f"issue {name!r}: {limit.message}", limit.fix))
+        return 1
     clean["options"] = list(options)
     return len(options)
 
@@ -273,15 +287,20 @@ def _numeric_issue(
         return 1
     if not (_is_number(low) and _is_number(high)):
         return 1
-    if high <= low:
-        problems.append((f"{at}high", f"issue {name!r}: high ({high}) must exceed low ({low})", "swap or fix them"))
-        return 1
-    if kind == IssueKind.INT.value:
+    integer = kind == IssueKind.INT.value
+    if integer:
         step = 1 if step is None else step
         if not all(float(x).is_integer() for x in (low, high, step)):
             problems.append((f"{at}step", f"int issue {name!r} needs whole low, high and step", "use whole numbers"))
             return 1
         low, high, step = int(low), int(high), int(step)
+    limit = numeric_range_problem(integer, low, high, step)
+    if limit is None and step is None:
+        limit = numeric_range_problem(integer, low, high, (high - low) / 20)
+    if limit is not None:
+        problems.append((f"{at}{limit.field}", f"issue {name!r}: {limit.message}", limit.fix))
+        return 1
+    if integer:
         if (high - low) % step:
             fix = f"set high = {low + (high - low) // step * step} or pick a step that divides {high - low}"
             problems.append((f"{at}high", f"issue {name!r}: high - low must be a multiple of step {step}", fix))
@@ -295,7 +314,7 @@ def _numeric_issue(
     return 21
 
 
-def _side(raw: Any, side: str, issues: list[dict[str, Any]], problems: Problems) -> dict[str, Any]:
+def _side(raw: Any, side: str, issues: list[dict[str, Any]], broken: set[str], problems: Problems) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         problems.append((side, "missing" if raw is None else "must be a table", f"add a [{side}] table"))
         return {}
@@ -313,19 +332,21 @@ def _side(raw: Any, side: str, issues: list[dict[str, Any]], problems: Problems)
         )
     else:
         clean["reservation"] = float(rv)
-    clean["weights"] = _weights(raw.get("weights"), side, issues, problems)
-    clean["values"] = _values(raw.get("values"), side, issues, problems)
+    clean["weights"] = _weights(raw.get("weights"), side, issues, broken, problems)
+    clean["values"] = _values(raw.get("values"), side, issues, broken, problems)
     return clean
 
 
-def _weights(raw: Any, side: str, issues: list[dict[str, Any]], problems: Problems) -> dict[str, float]:
+def _weights(
+    raw: Any, side: str, issues: list[dict[str, Any]], broken: set[str], problems: Problems
+) -> dict[str, float]:
     at = f"{side}.weights"
     if not isinstance(raw, Mapping):
         problems.append((at, "missing" if raw is None else "must be a table", f"add [{at}] with one number per issue"))
         return {}
     names = [i["name"] for i in issues]
     for key in raw:
-        if key not in names:
+        if key not in names and key not in broken:
             problems.append((f"{at}.{key}", "not an issue of this scenario", f"remove it or use one of {names}"))
     missing = [n for n in names if n not in raw]
     if missing:
@@ -333,7 +354,7 @@ def _weights(raw: Any, side: str, issues: list[dict[str, Any]], problems: Proble
     bad = {k: v for k, v in raw.items() if not _is_number(v) or v < 0}
     for key, value in bad.items():
         problems.append((f"{at}.{key}", f"must be a non-negative number, got {value!r}", "use a number such as 0.25"))
-    if bad or missing:
+    if bad or missing or broken:  # with an issue left out, the sum says nothing
         return {}
     total = sum(float(raw[n]) for n in names)
     if abs(total - 1.0) > 1e-6:
@@ -342,14 +363,14 @@ def _weights(raw: Any, side: str, issues: list[dict[str, Any]], problems: Proble
     return {n: float(raw[n]) for n in names}
 
 
-def _values(raw: Any, side: str, issues: list[dict[str, Any]], problems: Problems) -> dict[str, Any]:
+def _values(raw: Any, side: str, issues: list[dict[str, Any]], broken: set[str], problems: Problems) -> dict[str, Any]:
     at = f"{side}.values"
     if not isinstance(raw, Mapping):
         problems.append((at, "missing" if raw is None else "must be a table", f"add [{at}] with one entry per issue"))
         return {}
     by_name = {i["name"]: i for i in issues}
     for key in raw:
-        if key not in by_name:
+        if key not in by_name and key not in broken:
             problems.append(
                 (f"{at}.{key}", "not an issue of this scenario", f"remove it or use one of {list(by_name)}")
             )

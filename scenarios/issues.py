@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
+
+from .limits import LimitProblem, is_finite_number, numeric_range_problem, options_problem
 
 Value = int | float | str
 
@@ -43,25 +44,34 @@ class Issue:
         if self.kind is IssueKind.CATEGORICAL:
             if len(self.options) < 2 or len(set(self.options)) != len(self.options):
                 raise ValueError(f"issue {self.name!r}: a categorical issue needs at least 2 distinct options")
+            self._within_limits(options_problem(len(self.options)))
             return
         if self.low is None or self.high is None:
             raise ValueError(f"issue {self.name!r}: a numeric issue needs 'low' and 'high'")
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.high <= self.low:
-            raise ValueError(f"issue {self.name!r}: needs finite low < high, got {self.low}..{self.high}")
-        step = self.step if self.step is not None else (1 if self.kind is IssueKind.INT else None)
+        integer = self.kind is IssueKind.INT
+        step = 1 if integer and self.step is None else self.step
+        if not all(is_finite_number(x) for x in (self.low, self.high, 1 if step is None else step)):
+            raise ValueError(f"issue {self.name!r}: needs finite numbers, got {self.low}..{self.high} step {step}")
+        if integer and any(float(x) != int(x) for x in (self.low, self.high, step)):
+            raise ValueError(f"issue {self.name!r}: an int issue needs integer low, high and step")
+        if integer:
+            low, high, step = int(self.low), int(self.high), int(step)
+        else:
+            low, high = self.low, self.high
+        self._within_limits(numeric_range_problem(integer, low, high, step))
         if step is None:
-            step = (self.high - self.low) / 20
-        if step <= 0:
-            raise ValueError(f"issue {self.name!r}: step must be positive, got {step}")
-        if self.kind is IssueKind.INT:
-            if any(float(x) != int(x) for x in (self.low, self.high, step)):
-                raise ValueError(f"issue {self.name!r}: an int issue needs integer low, high and step")
-            if (int(self.high) - int(self.low)) % int(step):
-                raise ValueError(f"issue {self.name!r}: high - low must be a multiple of step {int(step)}")
-            object.__setattr__(self, "low", int(self.low))
-            object.__setattr__(self, "high", int(self.high))
-            step = int(step)
+            step = (high - low) / 20
+            self._within_limits(numeric_range_problem(integer, low, high, step))
+        if integer:
+            if (high - low) % step:
+                raise ValueError(f"issue {self.name!r}: high - low must be a multiple of step {step}")
+            object.__setattr__(self, "low", low)
+            object.__setattr__(self, "high", high)
         object.__setattr__(self, "step", step)
+
+    def _within_limits(self, problem: LimitProblem | None) -> None:
+        if problem is not None:
+            raise ValueError(f"issue {self.name!r}: {problem.field}: {problem.message}")
 
     @property
     def size(self) -> int:
@@ -89,7 +99,7 @@ class Issue:
             raise InvalidValueError(f"{self.name} must be one of {', '.join(self.options)}; got {value!r}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidValueError(f"{self.name} must be a number{self._range_text()}; got {value!r}")
-        if not math.isfinite(value) or not (self.low <= value <= self.high):
+        if not is_finite_number(value) or not (self.low <= value <= self.high):
             raise InvalidValueError(f"{self.name} must be{self._range_text()}; got {value!r}")
         if self.kind is IssueKind.INT:
             if float(value) != int(value):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .issues import Issue, Value
+from .limits import outcomes_problem, rounds_problem
 from .preferences import Preferences
 
 
@@ -79,8 +80,12 @@ class Scenario:
         names = [i.name for i in self.issues]
         if len(set(names)) != len(names):
             raise ValueError(f"scenario {self.id!r} has duplicate issue names: {names}")
-        if self.max_rounds < 1:
-            raise ValueError(f"scenario {self.id!r}: max_rounds must be >= 1, got {self.max_rounds}")
+        rounds = rounds_problem(self.max_rounds)
+        if rounds is not None:
+            raise ValueError(f"scenario {self.id!r}: max_rounds {rounds}")
+        outcomes = outcomes_problem([i.size for i in self.issues])
+        if outcomes is not None:
+            raise ValueError(f"scenario {self.id!r}: {outcomes}")
         for role, prefs in ((Role.SELLER, self.seller), (Role.BUYER, self.buyer)):
             try:
                 prefs.check(self.issues)

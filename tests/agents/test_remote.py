@@ -17,6 +17,8 @@ import aiohttp
 import pytest
 import typer
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nego.agents.remote import RemoteAgentError, RemoteFactory, decode_reply
 from nego.agents.server import make_app, start
 from nego.agents.wire import WIRE_VERSION, action_to_dict, observation_to_dict
@@ -121,6 +123,8 @@ async def test_wrong_or_missing_token_is_401_and_ends_the_negotiation_without_re
                 assert resp.status == 401
                 assert "bearer token" in (await resp.json())["error"]
         async with http.get(f"{url}/health") as resp:
+            assert (await resp.json()) == {"ok": True}  # what is served is told to token holders only
+        async with http.get(f"{url}/health", headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
             assert (await resp.json()) == {"ok": True, "v": WIRE_VERSION, "agent": "test:stepper"}
     remote = RemoteFactory(url, token="wrong", retries=3, backoff_s=0)
     result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
@@ -231,11 +235,11 @@ async def test_malformed_replies_count_as_invalid_actions_with_feedback():
     assert result.outcome.end_reason is EndReason.WALK_AWAY and result.outcome.invalid_seller == 2
     first, second = result.turns[:2]
     assert first.action.kind is ActionKind.INVALID and first.action.raw == "this is not json"
-    assert "not JSON" in first.feedback and not first.valid
+    assert "not valid JSON" in first.feedback and not first.valid
     assert "action.kind: must be one of" in second.feedback
     # the agent is told what was wrong with its previous reply, and the retry keeps the negotiation's id
     assert [b["observation"]["attempt"] for b in bodies] == [0, 1, 2, 2]
-    assert "not JSON" in bodies[1]["observation"]["feedback"]
+    assert "not valid JSON" in bodies[1]["observation"]["feedback"]
     assert len({b["negotiation_id"] for b in bodies}) == 1 and bodies[0]["seed"] == 4
 
 
@@ -330,6 +334,8 @@ def test_serve_agent_command_refuses_a_spec_it_cannot_play(monkeypatch):
         (["no-such-agent"], "unknown negotiator spec"),
         (["openai:gpt-5-mini"], "export OPENAI_API_KEY"),
         (["vllm:m@http://127.0.0.1:9", "--template", "no-such-template"], "neither a built-in template"),
+        (["tft", "--token", "has a space"], "printable ASCII without spaces"),
+        (["tft", "--read-timeout-s", "0"], "--read-timeout-s and --max-connections must be positive"),
     ]
     for args, reason in cases:
         result = CliRunner().invoke(app, [*args, "--port", "0"])
@@ -348,7 +354,8 @@ async def test_serve_agent_command_prints_a_token_serves_health_and_plays(tmp_pa
         url = re.search(r"serving tft at (http://127\.0\.0\.1:\d+) ", said[0]).group(1)
         token = re.fullmatch(r"token: (\S+)  \(clients: export NEGO_AGENT_TOKEN=(\S+)\)\n", said[1]).group(1)
         assert len(token) >= 24 and f"remote:{url}" in said[2]
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/health") as resp:
+        auth = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/health", headers=auth) as resp:
             assert (await resp.json())["agent"] == "tft"
         wrong = RemoteFactory(url, token=token + "x", backoff_s=0)
         right = RemoteFactory(url, token=token, backoff_s=0)
@@ -364,3 +371,56 @@ async def test_serve_agent_command_prints_a_token_serves_health_and_plays(tmp_pa
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0  # SIGTERM stops it cleanly
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(max_size=300)
+    | st.sampled_from(
+        ['{"action": ', '{"v": 1, "action": {"v": 1, "kind": "offer", "offer": {"p": ', "[", "9"]
+    ).flatmap(lambda head: st.tuples(st.just(head), st.text(max_size=50)).map("".join))
+)
+def test_decode_reply_turns_any_text_into_an_action(text):
+    action = decode_reply(text)
+    assert isinstance(action, Action)
+    if action.kind is ActionKind.INVALID:
+        assert action.error.startswith("the remote agent's reply")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than"),
+        ('{"v": 1, "action": {"v": 1, "kind": "offer", "offer": {"price": ' + "9" * 5000 + "}}}", "5,000 digits"),
+        ('{"v": 1, "action": {"v": 1, "kind": "offer", "offer": {"price": 1e999}}}', "out of range"),
+        ('{"v": 1, "action": {"v": 1, "kind": "offer", "offer": {"price": NaN}}}', "NaN is not a JSON number"),
+    ],
+    ids=["nesting-bomb", "huge-int", "overflow", "nan"],
+)
+def test_a_hostile_reply_is_an_invalid_action_with_the_reason(text, reason):
+    action = decode_reply(text)
+    assert action.kind is ActionKind.INVALID and reason in action.error
+    assert len(action.raw) <= 4000
+
+
+async def test_oversized_or_hostile_error_replies_end_the_negotiation_as_an_error():
+    from nego.agents import remote as remote_module
+
+    replies = [
+        (200, "x" * (remote_module.MAX_REPLY_BYTES + 1), "sent a reply larger than"),
+        (400, "[" * 100_000 + "]" * 100_000, "refused the request (HTTP 400: [[[["),
+        (400, '{"error": ' + "9" * 5000 + "}", 'refused the request (HTTP 400: {"error": 999'),
+    ]
+    for status, text, reason in replies:
+
+        async def handler(request: web.Request, status=status, text=text) -> web.Response:
+            return web.Response(status=status, text=text)
+
+        runner, url = await serve_raw(handler)
+        remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
+        try:
+            result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+        finally:
+            await remote.aclose()
+            await runner.cleanup()
+        assert result.outcome.end_reason is EndReason.ERROR and reason in result.outcome.error

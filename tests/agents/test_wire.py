@@ -17,6 +17,7 @@ from nego.agents.wire import (
 )
 from nego.market.types import Action, ActionKind, Observation, Offer, PublicMove, Usage
 from nego.scenarios.issues import Issue, IssueKind
+from nego.scenarios.limits import MAX_ISSUE_POINTS, MAX_ROUNDS
 from nego.scenarios.preferences import Preferences, ValueFunction
 from nego.scenarios.scenario import Role, Scenario
 
@@ -138,7 +139,7 @@ def mutate(d: dict, path: tuple, value: object) -> dict:
         (("attempt",), -1, "observation.attempt: must be >= 0"),
         (("scenario", "role"), "broker", "observation.scenario.role: must be one of seller, buyer"),
         (("scenario", "issues", 0, "low"), "cheap", "observation.scenario.issues[0].low: expected a finite number"),
-        (("scenario", "issues", 0, "high"), 10, "issues[0]: issue 'price': needs finite low < high"),
+        (("scenario", "issues", 0, "high"), 10, "issues[0]: issue 'price': high: high (10) must exceed low (50)"),
         (("scenario", "preferences", "weights", "price"), 0.9, "weights must sum to 1"),
         (("scenario", "preferences", "values", "price"), "upwards", "values.price: must be one of increasing"),
         (("scenario", "preferences", "values", "warranty"), KeyError, "values: must name exactly the issues"),
@@ -148,7 +149,7 @@ def mutate(d: dict, path: tuple, value: object) -> dict:
         (("standing_offer", "price"), 151, "observation.standing_offer: price must be between 50 and 150"),
         (("standing_offer", "colour"), "red", "observation.standing_offer: must assign exactly the issues"),
         (("feedback",), 3, "observation.feedback: expected a string"),
-        (("history",), {}, "observation: expected a list"),
+        (("history",), {}, "observation.history: expected a list"),
     ],
 )
 def test_malformed_observation_is_refused_naming_the_field(path, value, message):
@@ -180,3 +181,79 @@ def test_malformed_action_is_refused_naming_the_field(body, message):
 def test_out_of_range_offer_passes_the_wire_for_the_protocol_to_judge():
     action = action_from_dict({"v": WIRE_VERSION, "kind": "offer", "offer": {"price": 10_000}})
     assert action.kind is ActionKind.OFFER and action.offer == {"price": 10_000}
+
+
+def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    """Every path to a value in a JSON-like tree."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            out += _paths(child, (*prefix, key))
+    elif isinstance(node, list):
+        for k, child in enumerate(node):
+            out += _paths(child, (*prefix, k))
+    return out
+
+
+HOSTILE = st.sampled_from(
+    [
+        None,
+        True,
+        0,
+        -1,
+        10**6,
+        10**7,
+        2**63,
+        10**400,
+        1e-320,
+        1e-8,
+        1e308,
+        -1e308,
+        float("nan"),
+        float("inf"),
+        "",
+        "x" * 300,
+        [],
+        {},
+        [[[[[[[[]]]]]]]],
+        {"a": {"b": {"c": 1}}},
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_mutated_observation_is_decoded_or_refused_with_a_wire_error(data: st.DataObject):
+    obs = good_obs_dict()
+    paths = _paths(obs)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(paths))
+        try:
+            mutate(obs, path, data.draw(HOSTILE))
+        except (KeyError, IndexError, TypeError):  # an earlier mutation replaced a parent of this path
+            continue
+    try:
+        back = observation_from_dict(obs)
+    except WireError as e:
+        assert str(e).startswith("observation")
+    else:
+        assert back.scenario.max_rounds <= MAX_ROUNDS
+        assert all(i.size <= MAX_ISSUE_POINTS for i in back.scenario.issues)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("scenario", "max_rounds"), 10**9, "observation.scenario.max_rounds: must lie in 1..1000, got 1000000000"),
+        (("scenario", "max_rounds"), 2**63, "observation.scenario.max_rounds: must lie in 1..1000"),
+        (("scenario", "issues", 0, "high"), 10_000_000, "issues[0]: issue 'price': step: the range 50..10000000"),
+        (("scenario", "issues", 0, "low"), 10**400, "issues[0].low: expected a finite number"),
+        (("scenario", "preferences", "reservation"), 10**400, "reservation: expected a finite number"),
+        (("scenario", "issues", 2, "options"), [f"o{k}" for k in range(10_001)], "10,001 options (limit 10,000)"),
+        (("history",), [{"round": 1, "role": "seller", "kind": "walk_away"}] * 13, "13 moves, more than two per"),
+    ],
+)
+def test_an_observation_past_the_limits_is_refused_naming_the_field(path, value, message):
+    with pytest.raises(WireError) as err:
+        observation_from_dict(mutate(good_obs_dict(), path, value))
+    assert message in str(err.value)
