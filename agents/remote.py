@@ -24,6 +24,7 @@ from nego.market.types import Action, Observation, Usage
 from nego.scenarios.safeload import DataLimitError, loads_json
 from nego.scenarios.scenario import Role
 
+from .secrets import Scrubber
 from .wire import WIRE_VERSION, WireError, action_from_dict, observation_to_dict
 
 TOKEN_ENV = "NEGO_AGENT_TOKEN"
@@ -138,8 +139,12 @@ class RemoteNegotiator:
             "observation": observation_to_dict(obs),
         }
         start = time.perf_counter()
-        text = await self.factory.post(body)
-        return decode_reply(text, time.perf_counter() - start)
+        scrub = Scrubber.from_env()
+        try:
+            text = await self.factory.post(body)
+        except RemoteAgentError as e:
+            raise RemoteAgentError(scrub(str(e))) from None
+        return scrub.action(decode_reply(text, time.perf_counter() - start))
 
 
 async def _read_capped(stream: Any, cap: int) -> bytes | None:

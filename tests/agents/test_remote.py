@@ -424,3 +424,37 @@ async def test_oversized_or_hostile_error_replies_end_the_negotiation_as_an_erro
             await remote.aclose()
             await runner.cleanup()
         assert result.outcome.end_reason is EndReason.ERROR and reason in result.outcome.error
+
+
+async def test_a_server_that_echoes_the_token_never_gets_it_into_moves_or_errors(monkeypatch):
+    monkeypatch.setenv("NEGO_AGENT_TOKEN", TOKEN)
+    replies = [
+        (200, json.dumps({"v": WIRE_VERSION, "action": action_to_dict(Action.make_offer({}, f"token {TOKEN}"))})),
+        (200, json.dumps({"v": WIRE_VERSION, "action": action_to_dict(Action.walk_away(f"bye {TOKEN}"))})),
+    ]
+
+    async def handler(request: web.Request) -> web.Response:
+        status, text = replies.pop(0)
+        return web.Response(status=status, text=text)
+
+    runner, url = await serve_raw(handler)
+    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
+    try:
+        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+    texts = [f"{t.action.message} {t.action.raw} {t.action.error} {t.feedback}" for t in result.turns]
+    assert all(TOKEN not in text for text in texts) and any("[redacted:NEGO_AGENT_TOKEN]" in t for t in texts)
+
+    async def failing(request: web.Request) -> web.Response:
+        return web.Response(status=401, text=f"bad token {TOKEN}")
+
+    runner, url = await serve_raw(failing)
+    remote = RemoteFactory(url, token=TOKEN, retries=0, backoff_s=0)
+    try:
+        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+    assert result.outcome.end_reason is EndReason.ERROR and TOKEN not in result.outcome.error
