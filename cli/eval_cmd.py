@@ -158,6 +158,7 @@ def sweep(
 
     from nego.evaluation.config import load_sweep_config
     from nego.evaluation.sweep import SweepIncomplete, run_sweep
+    from rich.markup import escape
 
     console = _console()
     try:
@@ -169,7 +170,7 @@ def sweep(
         console.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1 if e.failed else 0) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages name TOML tables: [sweep.launcher]
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 

@@ -343,3 +343,6 @@ def test_cli_sweep_hands_cells_to_a_launcher_and_says_what_is_left(tmp_path, tin
     assert bad.exit_code == 2 and "outlive this process" in bad.output
     wrong = CliRunner().invoke(app, ["sweep", str(path), "--launcher", "pbs"])
     assert wrong.exit_code == 2 and "launcher kind must be one of" in wrong.output
+    path.write_text('[sweep]\n[sweep.launcher]\nkind = "pbs"\n')
+    bad_file = CliRunner().invoke(app, ["sweep", str(path)])
+    assert bad_file.exit_code == 2 and "bad value in [sweep.launcher]" in bad_file.output
