@@ -143,17 +143,34 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
     console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}")
 
 
-def sweep(config: Annotated[Path, typer.Argument(help="Sweep TOML file with a [sweep] table.")]) -> None:
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Sweep TOML file with a [sweep] table.")],
+    launcher: Annotated[
+        str | None,
+        typer.Option(help="Run the cells with: local, submitit-local, submitit-debug or slurm (default: the file's)."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option(help="Wait for the cell jobs; --no-wait submits them and exits (rerun to collect).")
+    ] = True,
+) -> None:
     """Train every size x learning rate (x seed), evaluate each on one suite, and write the study table."""
+    import dataclasses
+
     from nego.evaluation.config import load_sweep_config
-    from nego.evaluation.sweep import run_sweep
+    from nego.evaluation.sweep import SweepIncomplete, run_sweep
+    from rich.markup import escape
 
     console = _console()
     try:
         cfg = load_sweep_config(config)
-        study = run_sweep(cfg, echo=lambda line: console.print(line, highlight=False))
+        if launcher is not None:
+            cfg = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, kind=launcher))
+        study = run_sweep(cfg, echo=lambda line: console.print(line, highlight=False, markup=False), wait=wait)
+    except SweepIncomplete as e:
+        console.print(str(e), highlight=False, markup=False)
+        raise typer.Exit(1 if e.failed else 0) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages name TOML tables: [sweep.launcher]
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 

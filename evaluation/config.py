@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,61 @@ class EvalConfig:
             raise ValueError(f"resamples must be >= 1000 for a stable 95% interval, got {self.resamples}")
 
 
+LAUNCHER_KINDS = ("local", "submitit-local", "submitit-debug", "slurm")
+"""``local`` trains and evaluates the cells one after another in this process; the others hand each cell to
+submitit as one job: ``slurm`` (a cluster), ``submitit-local`` (subprocesses on this machine, all at once) and
+``submitit-debug`` (in this process, through the same submission path)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherConfig:
+    """Where the cells of a sweep run: the ``[sweep.launcher]`` table. SLURM settings are passed to submitit."""
+
+    kind: str = field(default="local", metadata={"help": f"how cells run: {', '.join(LAUNCHER_KINDS)}"})
+    folder: Path | None = field(
+        default=None, metadata={"help": "where job scripts, pickles and logs go; default: the sweep directory's jobs/"}
+    )
+    timeout_min: int = field(
+        default=720,
+        metadata={"help": "wall-clock limit of one cell job in minutes (it must fit the partition's limit)"},
+    )
+    gpus_per_node: int | None = field(default=None, metadata={"help": "GPUs per cell job"})
+    cpus_per_task: int | None = field(default=None, metadata={"help": "CPU cores per cell job"})
+    mem_gb: float | None = field(default=None, metadata={"help": "memory per cell job in GB"})
+    partition: str | None = field(default=None, metadata={"help": "SLURM partition"})
+    slurm_array_parallelism: int | None = field(
+        default=None, metadata={"help": "most cell jobs of one submission running at once on SLURM"}
+    )
+    slurm_additional_parameters: Mapping[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "further sbatch options, passed verbatim (e.g. {account = 'proj', qos = 'high'})"},
+    )
+    setup: tuple[str, ...] = field(
+        default=(), metadata={"help": "shell lines run before each job (e.g. 'module load cuda')"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAUNCHER_KINDS:
+            raise ValueError(f"launcher kind must be one of {list(LAUNCHER_KINDS)}, got {self.kind!r}")
+        for name in ("timeout_min", "gpus_per_node", "cpus_per_task", "slurm_array_parallelism"):
+            value = getattr(self, name)
+            smallest = 0 if name == "gpus_per_node" else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < smallest):
+                raise ValueError(f"launcher {name} must be an integer >= {smallest}, got {value!r}")
+        mem = self.mem_gb
+        if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int | float) or not math.isfinite(mem)):
+            raise ValueError(f"launcher mem_gb must be a number, got {mem!r}")
+        if mem is not None and mem <= 0:
+            raise ValueError(f"launcher mem_gb must be positive, got {mem!r}")
+        if self.partition is not None and not (isinstance(self.partition, str) and self.partition):
+            raise ValueError(f"launcher partition must be a non-empty string, got {self.partition!r}")
+        if not all(isinstance(line, str) for line in self.setup):
+            raise ValueError(f"launcher setup must be a list of shell lines (strings), got {list(self.setup)!r}")
+        extra = self.slurm_additional_parameters
+        if not isinstance(extra, Mapping) or not all(isinstance(k, str) for k in extra):
+            raise ValueError(f"launcher slurm_additional_parameters must be a table of sbatch options, got {extra!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class SweepConfig:
     """A study grid: every model size x learning rate x seed trained, then evaluated on one suite."""
@@ -64,6 +120,9 @@ class SweepConfig:
     """Extra training settings (fields of ``nego.training.config.TrainConfig``), e.g. {"steps": 20}."""
     concurrency: int = 64
     resamples: int = DEFAULT_RESAMPLES
+    launcher: LauncherConfig = field(
+        default_factory=LauncherConfig, metadata={"help": "where the cells run ([sweep.launcher] table)"}
+    )
 
     def __post_init__(self) -> None:
         if not self.sizes or not self.learning_rates or not self.seeds:
@@ -84,11 +143,38 @@ _SWEEP_KEYS = {
     "train",
     "concurrency",
     "resamples",
+    "launcher",
 }
+_LAUNCHER_KEYS = {f.name for f in fields(LauncherConfig)}
+
+
+def load_launcher_config(table: Any, where: str, base: Path) -> LauncherConfig:
+    """A ``[sweep.launcher]`` table as a :class:`LauncherConfig`; a relative ``folder`` is taken from ``base``.
+    Errors name ``where`` (the file) and the key."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: [sweep.launcher] must be a table, got {table!r}")
+    unknown = set(table) - _LAUNCHER_KEYS
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) in [sweep.launcher]: {sorted(unknown)}; allowed: {sorted(_LAUNCHER_KEYS)}"
+        )
+    values = dict(table)
+    if "folder" in values:
+        if not isinstance(values["folder"], str) or not values["folder"]:
+            raise ValueError(f"{where}: [sweep.launcher] folder must be a path, got {values['folder']!r}")
+        values["folder"] = base / Path(values["folder"]).expanduser()
+    if "setup" in values:
+        setup = values["setup"]
+        values["setup"] = tuple(setup) if isinstance(setup, list) else (setup,)
+    try:
+        return LauncherConfig(**values)
+    except ValueError as e:
+        raise ValueError(f"{where}: bad value in [sweep.launcher]: {e}") from e
 
 
 def load_sweep_config(path: Path) -> SweepConfig:
-    """Read a sweep TOML file (``[sweep]`` table, optional ``[sweep.train]`` options); errors name the key."""
+    """Read a sweep TOML file (``[sweep]`` table, optional ``[sweep.train]`` options and ``[sweep.launcher]``
+    table); errors name the key."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -102,6 +188,7 @@ def load_sweep_config(path: Path) -> SweepConfig:
     out = Path(table.get("out", Path(path).with_suffix("")))
     if not out.is_absolute():
         out = Path(path).parent / out
+    launcher = load_launcher_config(table.get("launcher", {}), str(path), Path(path).parent)
     try:
         return SweepConfig(
             out=out,
@@ -114,6 +201,7 @@ def load_sweep_config(path: Path) -> SweepConfig:
             train_args=dict(table.get("train", {})),
             concurrency=int(table.get("concurrency", 64)),
             resamples=int(table.get("resamples", 10_000)),
+            launcher=launcher,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad value in [sweep]: {e}") from e

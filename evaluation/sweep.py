@@ -1,15 +1,16 @@
 """A study sweep: train every (model size, learning rate, seed) cell, evaluate each on the same suite, and
 tabulate the RL gain over the base model per size, rate and buyer.
 
-Layout under the sweep directory: ``cells/NAME/train.json`` (what training registered) and ``cells/NAME/eval/``
-(an evaluation run directory), then ``study.parquet``, ``study.md`` and ``gain_vs_size.png``. A cell whose
-training finished is not trained again; its evaluation resumes from its transcripts.
+Layout under the sweep directory: ``cells/NAME/`` (one per cell, see :mod:`.sweep_cell`), ``jobs/`` (launcher
+scripts and logs), then ``study.parquet``, ``study.md`` and ``gain_vs_size.png``. The cells run one after another in
+this process (launcher ``local``, the default) or as one submitit job each (:mod:`.launchers`); either way a
+finished cell is collected, not run again, a cell whose training finished is not trained again (its evaluation
+resumes from its transcripts), and the study is written from the cell directories once every cell is finished.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,36 +19,26 @@ import polars as pl
 from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource
 
-from .config import EvalConfig, SweepConfig
-from .runner import evaluate
+from . import launchers
+from .config import SweepConfig
 from .stats import holm
 from .suites import load_suite
+from .sweep_cell import (
+    ERROR_LOG,
+    Cell,
+    TrainedArms,
+    TrainFn,
+    cell_directory,
+    cell_settings,
+    error_summary,
+    finished_rows,
+    holder,
+    run_cell,
+    run_cell_job,
+    trained_before,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    """One point of the grid."""
-
-    size: str
-    lr: float
-    seed: int
-
-    @property
-    def name(self) -> str:
-        # repr, not a rounded format: two distinct rates must never share a directory or a registered model
-        return f"sweep-{self.size}-lr{float(self.lr)!r}-s{self.seed}"
-
-
-@dataclass(frozen=True, slots=True)
-class TrainedArms:
-    """The registered specs a training run produced: the base model and the RL-trained one."""
-
-    base: str
-    trained: str
-
-
-TrainFn = Callable[[Cell, Path, dict[str, Any]], TrainedArms]
-"""Trains one cell into a directory and returns the specs to evaluate."""
+__all__ = ["Cell", "CellReport", "SweepIncomplete", "TrainFn", "TrainedArms", "cells", "run_sweep", "train_with_nego"]
 
 
 def train_with_nego(cell: Cell, directory: Path, settings: dict[str, Any]) -> TrainedArms:
@@ -69,55 +60,33 @@ def cells(config: SweepConfig) -> list[Cell]:
     return [Cell(size, lr, seed) for size in config.sizes for lr in config.learning_rates for seed in config.seeds]
 
 
-def _trained(cell: Cell, directory: Path, config: SweepConfig, train_fn: TrainFn, echo) -> TrainedArms:
-    marker = directory / "train.json"
-    settings = json.loads(json.dumps(dict(config.train_args)))  # as it reads back from the marker
-    if marker.is_file():
-        data = json.loads(marker.read_text())
-        if data.get("train_args") != settings:
-            raise ValueError(
-                f"{marker} was trained with settings {data.get('train_args')}, this sweep asks for {settings}: "
-                "use another sweep directory (out) or delete that cell to retrain it"
-            )
-        echo(f"{cell.name}: trained before ({data['trained']}), skipping training")
-        return TrainedArms(data["base"], data["trained"])
-    echo(f"{cell.name}: training")
-    arms = train_fn(cell, directory / "train", dict(config.train_args))
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"base": arms.base, "trained": arms.trained, "train_args": settings}) + "\n")
-    tmp.replace(marker)
-    return arms
+@dataclass(frozen=True, slots=True)
+class CellReport:
+    """A cell that is not finished: what happened to it and where to look."""
+
+    cell: str
+    detail: str
+    log: str | None = None
+
+    def line(self) -> str:
+        return f"{self.cell}: {self.detail}" + (f" (log: {self.log})" if self.log else "")
 
 
-def run_cell(cell: Cell, config: SweepConfig, train_fn: TrainFn, factories: FactorySource | None, echo) -> pl.DataFrame:
-    """Train (unless done) and evaluate one cell; returns its comparison rows for the trained arm."""
-    directory = config.out / "cells" / cell.name
-    arms = _trained(cell, directory, config, train_fn, echo)
-    eval_cfg = EvalConfig(
-        sellers=(arms.base, arms.trained),
-        out=directory / "eval",
-        suite=config.suite,
-        buyers=config.buyers,
-        diagnostic=config.diagnostic,
-        concurrency=config.concurrency,
-        resamples=config.resamples,
-    )
-    result = evaluate(eval_cfg, factories)
-    echo(f"{cell.name}: evaluated ({result.played} negotiations played now)")
-    c = result.comparisons
-    base = c.filter(pl.col("arm") == arms.base).select(
-        "group", pl.col("score").alias("base_score"), pl.col("deal_rate").alias("base_deal_rate")
-    )
-    trained = c.filter(pl.col("arm") == arms.trained).drop("arm", "p_holm")
-    return trained.join(base, on="group", how="left").with_columns(
-        pl.lit(cell.size).alias("size"),
-        pl.lit(cell.lr).alias("lr"),
-        pl.lit(cell.seed).alias("seed"),
-        pl.lit(arms.base).alias("base"),
-        pl.lit(arms.trained).alias("trained"),
-        pl.lit(",".join(result.trained_against_held_out.get(arms.trained, []))).alias("trained_against"),
-    )
+class SweepIncomplete(RuntimeError):
+    """Some cells are not finished (failed, or still queued or running), so the study was not written. The
+    finished cells stay in their directories; a rerun collects them and runs only the others."""
+
+    def __init__(self, finished: int, total: int, failed: Sequence[CellReport], active: Sequence[CellReport]) -> None:
+        self.finished, self.total = finished, total
+        self.failed, self.active = tuple(failed), tuple(active)
+        lines = [f"{finished} of {total} cells finished; the study is written once every cell is."]
+        lines += [f"failed: {r.line()}" for r in self.failed]
+        lines += [f"not finished yet: {r.line()}" for r in self.active]
+        if self.failed:
+            lines.append("Rerun the sweep to run the failed cells again (finished ones are kept).")
+        if self.active:
+            lines.append("Rerun the sweep once those jobs have ended to collect them and write the study.")
+        super().__init__("\n".join(lines))
 
 
 def run_sweep(
@@ -126,12 +95,132 @@ def run_sweep(
     train_fn: TrainFn = train_with_nego,
     factories: FactorySource | None = None,
     echo: Callable[[str], None] = print,
+    wait: bool = True,
 ) -> pl.DataFrame:
-    """Run every cell and write the study table and plot; returns the table (one row per cell and buyer group)."""
+    """Run every unfinished cell with the configured launcher, then write the study table and plot from the cell
+    directories; returns the table (one row per cell and buyer group). With ``wait=False`` the cell jobs are
+    submitted and left running. Raises :class:`SweepIncomplete` when a cell failed or is still running; the
+    sequential ``local`` runner raises a cell's own error instead."""
+    kind = config.launcher.kind
+    if not wait and kind not in launchers.OUTLIVES_PARENT:
+        raise ValueError(
+            f"not waiting needs a launcher whose jobs outlive this process "
+            f"({', '.join(sorted(launchers.OUTLIVES_PARENT))}); the sweep's launcher is {kind!r}"
+        )
     load_suite(config.suite)  # fail on a bad suite before training anything
     with exclusive_run(config.out, f"nego sweep (study {config.out})"):
-        rows = [run_cell(cell, config, train_fn, factories, echo) for cell in cells(config)]
-        return _write_study(pl.concat(rows, how="diagonal_relaxed"), config)
+        settings = cell_settings(config)
+        grid = cells(config)
+        todo, active = _survey(grid, config, settings, echo)
+        failed: list[CellReport] = []
+        if todo and kind == "local":
+            for cell in todo:
+                try:
+                    run_cell(cell, config, train_fn, factories, echo)
+                except Exception:
+                    if error_summary(cell_directory(config, cell)) is not None:
+                        echo(f"{cell.name}: failed (traceback: {cell_directory(config, cell) / ERROR_LOG})")
+                    raise
+        elif todo:
+            failed, submitted = _launch(todo, config, settings, train_fn, factories, echo, wait)
+            active += submitted
+        rows = [finished_rows(cell_directory(config, cell), settings) for cell in grid]
+        done = [r for r in rows if r is not None]
+        if len(done) < len(grid):
+            raise SweepIncomplete(len(done), len(grid), failed, active)
+        return _write_study(pl.concat(done, how="diagonal_relaxed"), config)
+
+
+def _survey(
+    grid: Sequence[Cell], config: SweepConfig, settings: dict[str, Any], echo
+) -> tuple[list[Cell], list[CellReport]]:
+    """The unfinished cells, split into those to run now and those a live job holds or a launcher still has
+    queued. A cell trained under other settings is refused here, before anything runs."""
+    unfinished = []
+    for cell in grid:
+        directory = cell_directory(config, cell)
+        trained_before(directory, settings["train_args"])
+        if finished_rows(directory, settings) is None:
+            unfinished.append(cell)
+        else:
+            echo(f"{cell.name}: finished before")
+    records = [launchers.JobRecord.read(cell_directory(config, cell)) for cell in unfinished]
+    todo, active = [], []
+    for cell, record, live in zip(unfinished, records, launchers.still_active(records), strict=True):
+        directory = cell_directory(config, cell)
+        who = holder(directory)
+        if who is not None:
+            active.append(CellReport(cell.name, f"running: {who}", record.stdout if record else None))
+            continue
+        if record is not None and live:
+            active.append(CellReport(cell.name, f"{record.kind} job {record.job_id} queued or running", record.stdout))
+            continue
+        if record is not None and live is None:
+            echo(
+                f"{cell.name}: cannot tell whether {record.kind} job {record.job_id} is still queued; running it again"
+            )
+        summary = error_summary(directory)
+        if summary is not None:
+            echo(f"{cell.name}: failed before ({summary}); running it again")
+        todo.append(cell)
+    return todo, active
+
+
+def _launch(
+    todo: Sequence[Cell], config: SweepConfig, settings: dict[str, Any], train_fn, factories, echo, wait: bool
+) -> tuple[list[CellReport], list[CellReport]]:
+    """Submit one job per cell; when waiting, collect each from its directory as its job ends. Returns the failed
+    cells and the cells left running."""
+    launcher = config.launcher
+    folder = launcher.folder or config.out / "jobs"
+    executor = launchers.make_executor(launcher, folder, name=f"nego-sweep-{config.out.name}")
+    for cell in todo:
+        (cell_directory(config, cell) / ERROR_LOG).unlink(missing_ok=True)
+    calls = [(cell, config, train_fn, factories) for cell in todo]
+    submitted = launchers.submit(executor, launcher.kind, run_cell_job, calls)
+    for cell, s in zip(todo, submitted, strict=True):
+        s.record.write(cell_directory(config, cell))
+    ids = ", ".join(s.record.job_id for s in submitted)
+    echo(f"submitted {len(todo)} cell(s) to {launcher.kind} as job(s) {ids}; logs under {folder}")
+    if not wait:
+        return [], [
+            CellReport(c.name, f"submitted as {s.record.kind} job {s.record.job_id}", s.record.stdout)
+            for c, s in zip(todo, submitted, strict=True)
+        ]
+    failed = []
+    for i in launchers.as_finished([s.job for s in submitted]):
+        report = _ended(todo[i], submitted[i], config, settings)
+        if report is None:
+            echo(f"{todo[i].name}: finished")
+        else:
+            echo(f"{todo[i].name}: failed: {report.detail} (log: {report.log})")
+            failed.append(report)
+    return failed, []
+
+
+def _ended(
+    cell: Cell, submitted: launchers.Submitted, config: SweepConfig, settings: dict[str, Any]
+) -> CellReport | None:
+    """None for a cell its job finished, otherwise what went wrong, read from the cell directory and the job log."""
+    directory = cell_directory(config, cell)
+    if finished_rows(directory, settings) is not None:
+        return None
+    record = submitted.record
+    summary = error_summary(directory)
+    if summary is not None:
+        return CellReport(cell.name, f"{summary} (traceback: {directory / ERROR_LOG})", record.stderr)
+    state = launchers.job_state(submitted.job)
+    return CellReport(
+        cell.name, f"the job ended without finishing the cell (state {state}){_last_line(record.stderr)}", record.stderr
+    )
+
+
+def _last_line(log: str) -> str:
+    try:
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()[:300]}" if lines else ""
 
 
 def _write_study(study: pl.DataFrame, config: SweepConfig) -> pl.DataFrame:
