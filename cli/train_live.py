@@ -11,12 +11,15 @@ import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from nego.training.evaluate import DevEvaluation
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 CURVE_WIDTH = 64
@@ -52,14 +55,14 @@ class TrainWatch:
         self.name = name
         self.time_budget_min = time_budget_min
         self.rows: list[Mapping[str, Any]] = []
-        self.dev: dict[int, Mapping[str, Mapping[str, float]]] = {}
+        self.dev: dict[int, DevEvaluation] = {}
         self.started = time.perf_counter()
 
     def on_step(self, row: Mapping[str, Any]) -> None:
         self.rows.append(row)
 
-    def on_dev(self, step: int, dev: Mapping[str, Mapping[str, float]]) -> None:
-        self.dev[step] = dev
+    def on_dev(self, dev: DevEvaluation) -> None:
+        self.dev[dev.step] = dev
 
     def render(self) -> Group:
         parts: list[Any] = [self._header()]
@@ -117,15 +120,13 @@ class TrainWatch:
 
     def _dev_table(self) -> Table:
         steps = sorted(self.dev)
-        buyers = list(self.dev[steps[-1]])
+        buyers = [r.buyer for r in self.dev[steps[-1]].buyers]
         table = Table(title="dev split (utility / deal rate), sampled as trained", title_justify="left")
         table.add_column("step", justify="right")
         for b in buyers:
             table.add_column(b, justify="right")
         for step in steps[-6:]:
-            cells = [
-                f"{d['utility']:.3f} / {d.get('deal_rate', 0.0):.2f}" if (d := self.dev[step].get(b)) else "-"
-                for b in buyers
-            ]
+            results = {r.buyer: r for r in self.dev[step].buyers}
+            cells = [f"{r.mean_utility:.3f} / {r.deal_rate:.2f}" if (r := results.get(b)) else "-" for b in buyers]
             table.add_row(str(step), *cells)
         return table
