@@ -23,7 +23,7 @@ from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
 
 from .pool import BuyerPool
-from .runner import EpisodeRunner, Rollout
+from .runner import EpisodeRunner, Rollout, Sample
 
 # Generator seeds of the scenario splits: training, the dev split (defaults and early stopping are chosen
 # on it) and the held-out split that only the final measurement reads.
@@ -69,16 +69,16 @@ def step_jobs(
     return jobs
 
 
-def to_trl(rollouts: Sequence[Rollout], max_tokens: int) -> dict[str, list]:
+def to_trl(samples: Sequence[Sample], max_tokens: int) -> dict[str, list]:
     """TRL's rollout dict: one sequence per negotiation (own tokens in the loss, ``env_mask`` 1; the rest context),
     the reward the trainer scores, and the scenario id for alignment checks. Only here do records become dicts."""
     out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
     out["scenario_id"] = []
-    for r in rollouts:
+    for r in samples:
         t = r.trace
         if len(t.completion_ids) > max_tokens:
             raise RuntimeError(
-                f"episode {r.job.negotiation_id} on {r.job.scenario.id} has {len(t.completion_ids)} tokens, over "
+                f"episode {r.negotiation_id} on {r.scenario_id} has {len(t.completion_ids)} tokens, over "
                 f"max_tokens={max_tokens}; raise max_tokens or lower max_rounds"
             )
         out["prompt_ids"].append(list(t.prompt_ids))
@@ -86,7 +86,7 @@ def to_trl(rollouts: Sequence[Rollout], max_tokens: int) -> dict[str, list]:
         out["logprobs"].append(list(t.logprobs))
         out["env_mask"].append(list(t.mask))
         out["reward"].append(r.reward)
-        out["scenario_id"].append(r.job.scenario.id)
+        out["scenario_id"].append(r.scenario_id)
     return out
 
 
@@ -169,7 +169,7 @@ class MarketRollout:
         finally:
             model.train(was_training)
         self.stats.record(self.last, time.perf_counter() - t0)
-        return to_trl(self.last, self.max_tokens)
+        return to_trl([r.sample for r in self.last], self.max_tokens)
 
     def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:
         """Negotiators of the current policy, sampling at the trainer's temperature (the compact protocol)."""

@@ -26,6 +26,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class Sample:
+    """What a policy update trains on from one negotiation: the seller's tokens, the reward, and who played it."""
+
+    negotiation_id: str
+    scenario_id: str
+    trace: TokenTrace
+    reward: float
+    policy_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Rollout:
     """One negotiation a learning seller played: the job, its result, the seller's token trace and the reward."""
 
@@ -37,6 +48,11 @@ class Rollout:
     @property
     def seller_turns(self) -> int:
         return sum(1 for t in self.result.turns if t.role is Role.SELLER)
+
+    @property
+    def sample(self) -> Sample:
+        version = self.job.policy_version or 0
+        return Sample(self.job.negotiation_id, self.job.scenario.id, self.trace, self.reward, version)
 
 
 class EpisodeRunner:
