@@ -240,6 +240,9 @@ class GRPOLearner:
             rollout_func=served,
             callbacks=[day_end_callback(target, logs)],
         )
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the market reports each day; per-update numbers go to the log
         resume = str(self.directory / "checkpoints" / self._checkpoint) if self._checkpoint else None
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         trainer.train(resume_from_checkpoint=resume)
