@@ -48,9 +48,17 @@ def sparkline(values: Sequence[float | None], width: int = CURVE_WIDTH) -> str:
 
 
 class TrainWatch:
-    """Keeps what the training live view shows: every logged step and the dev evaluations."""
+    """Keeps what the training live view shows: every logged step, the dev evaluations, and the tape of deals of the
+    negotiations training plays (it watches the episode runner's market through :attr:`bus`)."""
 
     def __init__(self, steps: int, name: str = "", time_budget_min: float = 0.0) -> None:
+        from nego.market.events import EventBus
+
+        from .live import MarketWatch
+
+        self.bus = EventBus()
+        self.market = MarketWatch(expected=0)
+        self.bus.subscribe(self.market)
         self.steps = max(1, steps)
         self.name = name
         self.time_budget_min = time_budget_min
@@ -73,6 +81,10 @@ class TrainWatch:
             parts.append(Panel(Text(f"step {self.rows[-1]['step']} looks collapsed: {collapse}"), style="bold red"))
         if self.dev:
             parts.append(self._dev_table())
+        if self.market.done:
+            from .live import deal_tape
+
+            parts.append(deal_tape(self.market, "Deals in training negotiations"))
         return Group(*parts)
 
     def _header(self) -> Text:

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from nego.agents.registry import resolve
-from nego.market.learning import ROLLOUT_ARM, Learner, LearnReport, LearningGroup
+from nego.market.learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
 from nego.market.population import BuyerSetup, MarketModel, SellerSetup
 from nego.market.transcripts import TIMING_COLUMNS, TranscriptWriter, read_negotiations
 from nego.training.tuner import ARMS, ConcessionTuner
