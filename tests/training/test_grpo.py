@@ -105,7 +105,7 @@ def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
     jobs = [Job(sc, "learner", "timedep:e=1", seed) for sc, seed in zip(scenarios, [1, 2, 3, 4], strict=True)]
     with EpisodeRunner({"learner": CompactFactory("learner", policy, 1.0)}) as runner:
         episodes = runner.rollouts(jobs)
-    hook = to_trl(episodes, 1024)
+    hook = to_trl([r.sample for r in episodes], 1024)
     for i, ep in enumerate(episodes):
         ids, mask = hook["completion_ids"][i], hook["env_mask"][i]
         words = [policy.words[t] for t in ids]
