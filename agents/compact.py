@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nego.market.types import Action, ActionKind, Observation, Offer, Outcome
+from nego.market.types import Action, ActionKind, NegotiationResult, Observation, Offer, Outcome
 from nego.scenarios.issues import Value
 from nego.scenarios.scenario import Role, ScenarioView
+
+from .trace import TokenTrace
 
 if TYPE_CHECKING:
     from nego.agents.model_registry import ModelEntry
@@ -243,6 +245,16 @@ class CompactPolicy:
     def forward_calls(self) -> int:
         return self.batcher.calls
 
+    def token_trace(self, trace: CompactTrace) -> TokenTrace:
+        """A word trace as token ids of this policy's vocabulary."""
+        ids = self.ids
+        return TokenTrace(
+            tuple(ids[w] for w in trace.prompt),
+            tuple(ids[w] for w in trace.words),
+            tuple(trace.mask),
+            tuple(trace.logprobs),
+        )
+
     @classmethod
     def load(cls, path: str) -> CompactPolicy:
         """Load a saved model and tokenizer through the normal transformers path."""
@@ -351,7 +363,9 @@ class _Request:
 
 
 class CompactNegotiator:
-    """Plays the compact protocol through the normal market protocol, recording its episode as a trace."""
+    """Plays the compact protocol through the normal market protocol, recording its episode as a trace; at the end
+    the market collects it as a :class:`~nego.agents.trace.TokenTrace` (see :class:`nego.market.marketplace.Recorder`).
+    """
 
     def __init__(self, policy: CompactPolicy, role: Role, seed: int, temperature: float | None = None) -> None:
         self.policy = policy
@@ -371,6 +385,11 @@ class CompactNegotiator:
         )
         self.trace.add(words, own=True, logprobs=logps)
         return parse_action(obs.scenario, words)
+
+    def record(self, result: NegotiationResult) -> TokenTrace:
+        """The finished episode (closing words added) as token ids of the policy's vocabulary."""
+        self.trace.finish(result.outcome)
+        return self.policy.token_trace(self.trace)
 
 
 @dataclass

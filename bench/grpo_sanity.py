@@ -61,23 +61,21 @@ def summarize(lr: float, arm: Any) -> tuple[list[str], bool]:
 def sampled_vs_greedy(run_dir: str, n: int, repeats: int, buyers: tuple[str, ...]) -> list[str]:
     """Paired dev-split utility of ``run_dir/final`` minus ``run_dir/base``: greedy (what the evaluations report)
     and sampled at temperature 1 (what GRPO optimizes), with normal-approximation 95% intervals."""
-    import asyncio
-
-    from nego.agents.compact import CompactPolicy
-    from nego.agents.registry import resolve
-    from nego.training.rollout import play, split_scenarios
+    from nego.agents.compact import CompactFactory, CompactPolicy
+    from nego.market.marketplace import Job
+    from nego.training.rollout import split_scenarios
+    from nego.training.runner import EpisodeRunner
 
     policies = {k: CompactPolicy.load(str(Path(run_dir) / k)) for k in ("base", "final")}
     scenarios = split_scenarios("dev", n, 8)
     lines = [f"{run_dir}: final - base on {n} dev scenarios (greedy once; sampled at T=1 {repeats} times)"]
     for spec in buyers:
-        factory = resolve(spec)
         for temp, reps in ((None, 1), (1.0, repeats)):
             u = {}
             for k, pol in policies.items():
-                seeds = [[7000 * r + i for i in range(n)] for r in range(reps)]
-                eps = [e for s in seeds for e in asyncio.run(play(pol, scenarios, [factory] * n, s, temp))]
-                u[k] = np.array([e.result.outcome.seller_utility for e in eps])
+                jobs = [Job(sc, k, spec, 7000 * r + i) for r in range(reps) for i, sc in enumerate(scenarios)]
+                with EpisodeRunner({k: CompactFactory(k, pol, temp)}) as runner:
+                    u[k] = np.array([p.result.outcome.seller_utility for p in runner.play(jobs)])
             d = u["final"] - u["base"]
             ci = 1.96 * d.std() / np.sqrt(len(d))
             lines.append(

@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from nego.agents.compact import CompactPolicy
+    from nego.agents.compact import CompactFactory, CompactPolicy
     from nego.agents.model_registry import lookup
     from nego.training.evaluate import evaluate
     from nego.training.rollout import split_scenarios
+    from nego.training.runner import EpisodeRunner
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     trained = [t.strip() for t in args.trained.split(",") if t.strip()]
@@ -92,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     default = HELDOUT_BUYERS if args.split == "heldout" else DEV_BUYERS
     buyers = [b.strip() for b in args.buyers.split(";") if b.strip()] if args.buyers else default
     temperature = args.temperature or None
-    res = {
-        name: evaluate(CompactPolicy.load(e.path), scenarios, buyers, seed=1, temperature=temperature)
-        for name, e in entries.items()
-    }
+    learners = {name: CompactFactory(name, CompactPolicy.load(e.path), temperature) for name, e in entries.items()}
+    with EpisodeRunner(learners) as runner:
+        res = {name: evaluate(runner, name, scenarios, buyers, seed=1) for name in entries}
     decoding = "greedy" if temperature is None else f"sampled at T={temperature:g}"
     skipped = f" (after the first {args.skip})" if args.skip else ""
     lines = [
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "| --- | --- | --- | --- | --- | --- |",
         ]
         for b in buyers:
-            rb, rt = res[args.base][b], res[name][b]
+            rb, rt = res[args.base][b], res[name][b]  # DevEvaluation: looked up by buyer spec
             g, lo, hi = paired_gain(np.array(rb.utility), np.array(rt.utility))
             lines.append(
                 f"| {b} (n={len(rb.utility)}) | {rb.mean_utility:.3f} | {rt.mean_utility:.3f} | "

@@ -107,6 +107,15 @@ def _ticker_line(event: NegotiationEnded) -> str:
     )
 
 
+def deal_tape(watch: MarketWatch, title: str = "Recent deals") -> Panel:
+    """The tape of the latest deals (and errors), newest first."""
+    ticker = Table.grid(expand=True)
+    ticker.add_column(overflow="ellipsis", no_wrap=True)
+    for event in list(watch.ticker):
+        ticker.add_row(_ticker_line(event))
+    return Panel(ticker, title=f"{title} ({watch.deals} so far, {watch.errors} errors)", height=TICKER + 2)
+
+
 def _fmt(u: float | None) -> str:
     return "-" if u is None else f"{u:.2f}"
 
@@ -154,12 +163,7 @@ class LiveView:
             ongoing.add_column(col, overflow="ellipsis", no_wrap=True)
         for row in list(w.ongoing.values())[:MAX_ROWS]:
             ongoing.add_row(*_ongoing_cells(row))
-        title = f"Recent deals ({w.deals} so far, {w.errors} errors)"
-        ticker = Table.grid(expand=True)
-        ticker.add_column(overflow="ellipsis", no_wrap=True)
-        for event in list(w.ticker):
-            ticker.add_row(_ticker_line(event))
-        return Group(ongoing, Panel(ticker, title=title, height=TICKER + 2), stats_table(w), self.progress)
+        return Group(ongoing, deal_tape(w), stats_table(w), self.progress)
 
     def __enter__(self) -> LiveView:
         self.live.__enter__()

@@ -11,12 +11,15 @@ import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from nego.training.evaluate import DevEvaluation
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 CURVE_WIDTH = 64
@@ -45,21 +48,29 @@ def sparkline(values: Sequence[float | None], width: int = CURVE_WIDTH) -> str:
 
 
 class TrainWatch:
-    """Keeps what the training live view shows: every logged step and the dev evaluations."""
+    """Keeps what the training live view shows: every logged step, the dev evaluations, and the tape of deals of the
+    negotiations training plays (it watches the episode runner's market through :attr:`bus`)."""
 
     def __init__(self, steps: int, name: str = "", time_budget_min: float = 0.0) -> None:
+        from nego.market.events import EventBus
+
+        from .live import MarketWatch
+
+        self.bus = EventBus()
+        self.market = MarketWatch(expected=0)
+        self.bus.subscribe(self.market)
         self.steps = max(1, steps)
         self.name = name
         self.time_budget_min = time_budget_min
         self.rows: list[Mapping[str, Any]] = []
-        self.dev: dict[int, Mapping[str, Mapping[str, float]]] = {}
+        self.dev: dict[int, DevEvaluation] = {}
         self.started = time.perf_counter()
 
     def on_step(self, row: Mapping[str, Any]) -> None:
         self.rows.append(row)
 
-    def on_dev(self, step: int, dev: Mapping[str, Mapping[str, float]]) -> None:
-        self.dev[step] = dev
+    def on_dev(self, dev: DevEvaluation) -> None:
+        self.dev[dev.step] = dev
 
     def render(self) -> Group:
         parts: list[Any] = [self._header()]
@@ -70,6 +81,10 @@ class TrainWatch:
             parts.append(Panel(Text(f"step {self.rows[-1]['step']} looks collapsed: {collapse}"), style="bold red"))
         if self.dev:
             parts.append(self._dev_table())
+        if self.market.done:
+            from .live import deal_tape
+
+            parts.append(deal_tape(self.market, "Deals in training negotiations"))
         return Group(*parts)
 
     def _header(self) -> Text:
@@ -117,15 +132,13 @@ class TrainWatch:
 
     def _dev_table(self) -> Table:
         steps = sorted(self.dev)
-        buyers = list(self.dev[steps[-1]])
+        buyers = [r.buyer for r in self.dev[steps[-1]].buyers]
         table = Table(title="dev split (utility / deal rate), sampled as trained", title_justify="left")
         table.add_column("step", justify="right")
         for b in buyers:
             table.add_column(b, justify="right")
         for step in steps[-6:]:
-            cells = [
-                f"{d['utility']:.3f} / {d.get('deal_rate', 0.0):.2f}" if (d := self.dev[step].get(b)) else "-"
-                for b in buyers
-            ]
+            results = {r.buyer: r for r in self.dev[step].buyers}
+            cells = [f"{r.mean_utility:.3f} / {r.deal_rate:.2f}" if (r := results.get(b)) else "-" for b in buyers]
             table.add_row(str(step), *cells)
         return table

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from nego.market.marketplace import child_seeds
-from nego.market.protocol import Negotiator, ProtocolConfig, run_negotiation
+from nego.market.marketplace import Job, Marketplace
+from nego.market.protocol import Negotiator, ProtocolConfig
 from nego.market.types import Action, ActionKind, Observation, Offer, Turn
 from nego.scenarios.analysis import analyse, offer_at
 from nego.scenarios.scenario import Role, Scenario
@@ -58,13 +59,40 @@ def _seller_script(turns: Sequence[Turn]) -> list[tuple[int, list[Action], float
     return points
 
 
+_PROBE, _BUYER = "best-response-probe", "replayed-buyer"
+
+
+@dataclass(frozen=True, slots=True)
+class _ProbeFactory:
+    """The scripted seller of one probe, as a factory the marketplace can play."""
+
+    script: tuple[Action, ...]
+    probe: Action
+    spec: str = _PROBE
+    kind: str = "probe"
+
+    def __call__(self, role: Role, seed: int) -> Negotiator:
+        return _ScriptedSeller(self.script, self.probe)
+
+
+@dataclass(frozen=True, slots=True)
+class _Buyer:
+    build: BuyerFactory
+    spec: str = _BUYER
+    kind: str = "rule"
+
+    def __call__(self, role: Role, seed: int) -> Negotiator:
+        return self.build(role, seed)
+
+
 async def _accepts(
     scenario: Scenario, build: BuyerFactory, seed: int, script: list[Action], offer: Offer, config: ProtocolConfig
 ) -> bool:
-    buyer = build(Role.BUYER, child_seeds(seed)[1])
-    result = await run_negotiation(
-        scenario, _ScriptedSeller(script, Action.make_offer(offer)), buyer, seed=seed, config=config
-    )
+    """Replay the negotiation as a market job (same seed: the buyer gets the same child seed it played with) with
+    the seller's recorded attempts, then the probe offer."""
+    probe = _ProbeFactory(tuple(script), Action.make_offer(offer))
+    market = Marketplace({_PROBE: probe, _BUYER: _Buyer(build)}, protocol=config)
+    (result,) = await market.run([Job(scenario, _PROBE, _BUYER, seed)])
     return result.outcome.agreed and result.outcome.agreement == offer
 
 

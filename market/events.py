@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .types import EndReason, NegotiationResult, Turn
 
 if TYPE_CHECKING:
+    from .learning import LearnReport
     from .marketplace import Job
 
 logger = logging.getLogger(__name__)
@@ -143,3 +144,12 @@ class EventBus:
                     self.errors,
                     exc_info=self.errors == 1,
                 )
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerUpdated:
+    """A learner learned from a day's negotiations (see :mod:`nego.market.learning`)."""
+
+    day: int
+    spec: str
+    report: LearnReport

@@ -1,5 +1,11 @@
 """The marketplace: many negotiations on one asyncio loop, capped globally and per agent kind, with events
-and resumable transcripts."""
+and resumable transcripts. It is the one engine that plays negotiations: simulations, evaluations, training
+rollouts, behaviour-cloning data and replays all hand it :class:`Job` s.
+
+A negotiator that keeps a record of its own episode (a learning seller's token trace, for instance) implements
+:class:`Recorder`; :meth:`Marketplace.play` hands that record back beside the result, so a learner gets what it
+needs without the market knowing what a token is.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,9 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from nego.scenarios.scenario import Role, Scenario
@@ -36,6 +42,21 @@ FactorySource = Mapping[str, NegotiatorFactory] | Callable[[str], NegotiatorFact
 """Either a mapping from spec to factory or a resolver such as ``nego.agents.registry.resolve``."""
 
 
+@runtime_checkable
+class Recorder(Protocol):
+    """A negotiator that keeps a record of its own episode. ``record`` is called once, after the negotiation ended,
+    with its result; what it returns is handed back in :attr:`Played.seller_record` / :attr:`Played.buyer_record`."""
+
+    async def act(self, obs: Any) -> Any: ...
+
+    def record(self, result: NegotiationResult) -> Any: ...
+
+
+Scorer = Callable[["Job", NegotiationResult], float | None]
+"""A learner's reward for one played negotiation (None for negotiations it does not learn from); written to the
+transcripts' ``reward`` column."""
+
+
 @lru_cache(maxsize=4096)
 def scenario_hash(scenario: Scenario) -> str:
     """``scenario.content_hash()``, cached: a run asks for it once per job and once per transcript row."""
@@ -53,7 +74,9 @@ class Job:
     """One negotiation to play: a scenario, a seller spec, a buyer spec and a seed, plus where it belongs.
 
     ``negotiation_id`` is derived from the content when left empty; give one explicitly to play the very
-    same (scenario, specs, seed) twice in a run.
+    same (scenario, specs, seed) twice in a run. ``day`` and ``pair`` place it in a market day; ``step``,
+    ``group`` and ``policy_version`` place it in a learner's training (the GRPO step whose batch it belongs to,
+    its group in that batch, and how many updates the learning policy had received when it played).
     """
 
     scenario: Scenario
@@ -65,6 +88,9 @@ class Job:
     arm: str = ""
     day: int | None = None
     pair: int | None = None
+    step: int | None = None
+    group: int | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.negotiation_id:
@@ -77,6 +103,21 @@ def child_seeds(seed: int) -> tuple[int, int]:
     """Independent seeds for the seller and the buyer of a negotiation seeded with ``seed``."""
     seller, buyer = np.random.SeedSequence(seed).spawn(2)
     return int(seller.generate_state(1, np.uint32)[0]), int(buyer.generate_state(1, np.uint32)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Played:
+    """A job and how it went: its result, the attempt number it was written as, the records of sides that keep one
+    (see :class:`Recorder`), the learner's reward if a scorer gave one, and whether it was played now (``fresh``) or
+    read back from the transcripts of an earlier run (then it has no records)."""
+
+    job: Job
+    result: NegotiationResult
+    attempt: int = 0
+    seller_record: Any = None
+    buyer_record: Any = None
+    reward: float | None = None
+    fresh: bool = True
 
 
 def error_result(job: Job, message: str) -> NegotiationResult:
@@ -112,6 +153,7 @@ class Marketplace:
         protocol: ProtocolConfig | None = None,
         bus: EventBus | None = None,
         writer: TranscriptWriter | None = None,
+        scorer: Scorer | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -125,6 +167,7 @@ class Marketplace:
         self.protocol = protocol or ProtocolConfig()
         self.bus = bus
         self.writer = writer
+        self.scorer = scorer
 
     def factory(self, spec: str) -> NegotiatorFactory:
         """The factory for ``spec`` (resolved once and cached); a clear error for an unknown spec."""
@@ -138,6 +181,10 @@ class Marketplace:
                 raise KeyError(f"no negotiator factory for spec {spec!r}; known specs: {known}")
         return self._resolved[spec]
 
+    def forget(self, spec: str) -> None:
+        """Drop the cached factory of ``spec``: the next job resolves it again (a learner's new policy version)."""
+        self._resolved.pop(spec, None)
+
     async def aclose(self) -> None:
         """Close what the factories used so far hold (HTTP sessions, model batchers); call on the loop they ran on."""
         for factory in self._resolved.values():
@@ -147,6 +194,10 @@ class Marketplace:
 
     async def run(self, jobs: Sequence[Job]) -> list[NegotiationResult]:
         """Play every job (or take its completed result from the transcripts) and return results in job order."""
+        return [p.result for p in await self.play(jobs)]
+
+    async def play(self, jobs: Sequence[Job]) -> list[Played]:
+        """Like :meth:`run`, but returns :class:`Played` records: results with the sides' own records and rewards."""
         ids = [j.negotiation_id for j in jobs]
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
@@ -159,7 +210,7 @@ class Marketplace:
         global_slots = asyncio.Semaphore(self.concurrency)
         kind_slots = {k: asyncio.Semaphore(n) for k, n in self.per_kind.items()}
 
-        async def one(job: Job) -> NegotiationResult | None:
+        async def one(job: Job) -> Played | None:
             if job.negotiation_id in done:
                 counts.skipped += 1
                 return None
@@ -168,20 +219,33 @@ class Marketplace:
             return await self._play(job, attempt, global_slots, kind_slots, counts)
 
         try:
-            results = await asyncio.gather(*(one(j) for j in jobs))
+            played = await asyncio.gather(*(one(j) for j in jobs))
         finally:
             if self.writer is not None:
                 self.writer.flush()
         if counts.skipped:
-            from .transcripts import load_results
-
-            pending = [j.negotiation_id for j, r in zip(jobs, results, strict=True) if r is None]
-            stored = load_results(self.writer.directory, pending)
-            results = [stored[j.negotiation_id] if r is None else r for j, r in zip(jobs, results, strict=True)]
+            played = self._read_back(jobs, played, attempts)
         if self.bus is not None and self.bus.active:
             wall = time.perf_counter() - counts.started
             self.bus.publish(RunFinished(len(jobs), counts.ran, counts.skipped, counts.errors, wall))
-        return results
+        return played  # type: ignore[return-value]
+
+    def _read_back(
+        self, jobs: Sequence[Job], played: Sequence[Played | None], attempts: Mapping[str, tuple[int, bool]]
+    ) -> list[Played]:
+        from .transcripts import load_results
+
+        assert self.writer is not None
+        pending = [j.negotiation_id for j, p in zip(jobs, played, strict=True) if p is None]
+        stored = load_results(self.writer.directory, pending)
+        out = []
+        for job, p in zip(jobs, played, strict=True):
+            if p is None:
+                result = stored[job.negotiation_id]
+                reward = self.scorer(job, result) if self.scorer is not None else None
+                p = Played(job, result, attempts[job.negotiation_id][0], reward=reward, fresh=False)
+            out.append(p)
+        return out
 
     async def _play(
         self,
@@ -190,7 +254,7 @@ class Marketplace:
         global_slots: asyncio.Semaphore,
         kind_slots: Mapping[str, asyncio.Semaphore],
         counts: _Counts,
-    ) -> NegotiationResult:
+    ) -> Played:
         seller_f, buyer_f = self.factory(job.seller), self.factory(job.buyer)
         async with AsyncExitStack() as stack:
             # kinds before the global slot, in sorted order: a job waiting for a busy kind holds no global slot,
@@ -203,27 +267,38 @@ class Marketplace:
             if watched:
                 self.bus.publish(NegotiationStarted(job, attempt))
             start = time.perf_counter()
-            result = await self._negotiate(job, seller_f, buyer_f, watched)
+            played = await self._negotiate(job, attempt, seller_f, buyer_f, watched)
             wall = time.perf_counter() - start
+        result = played.result
         counts.ran += 1
         counts.errors += result.outcome.end_reason is EndReason.ERROR
         if self.writer is not None:
-            self.writer.add(job, attempt, result, wall)
+            self.writer.add(job, attempt, result, wall, reward=played.reward)
         if self.bus is not None and self.bus.active:
             self.bus.publish(NegotiationEnded(job, attempt, result, wall))
-        return result
+        return played
 
     async def _negotiate(
-        self, job: Job, seller_f: NegotiatorFactory, buyer_f: NegotiatorFactory, watched: bool
-    ) -> NegotiationResult:
+        self, job: Job, attempt: int, seller_f: NegotiatorFactory, buyer_f: NegotiatorFactory, watched: bool
+    ) -> Played:
         seller_seed, buyer_seed = child_seeds(job.seed)
         try:
             seller = seller_f(Role.SELLER, seller_seed)
             buyer = buyer_f(Role.BUYER, buyer_seed)
         except Exception as e:  # a broken agent configuration fails its negotiations, not the market
-            return error_result(job, f"could not build agents: {type(e).__name__}: {e}")
+            message = f"could not build agents: {type(e).__name__}: {e}"
+            return self._scored(Played(job, error_result(job, message), attempt))
         on_turn = _turn_publisher(self.bus, job.negotiation_id) if watched else None
-        return await run_negotiation(job.scenario, seller, buyer, seed=job.seed, config=self.protocol, on_turn=on_turn)
+        result = await run_negotiation(
+            job.scenario, seller, buyer, seed=job.seed, config=self.protocol, on_turn=on_turn
+        )
+        records = [n.record(result) if isinstance(n, Recorder) else None for n in (seller, buyer)]
+        return self._scored(Played(job, result, attempt, records[0], records[1]))
+
+    def _scored(self, played: Played) -> Played:
+        if self.scorer is None:
+            return played
+        return replace(played, reward=self.scorer(played.job, played.result))
 
 
 def _turn_publisher(bus: EventBus, negotiation_id: str) -> Callable[[Turn], None]:

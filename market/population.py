@@ -2,7 +2,8 @@
 
 Each :meth:`MarketModel.step` is one day: match pairs, give each pair a scenario, play all the day's
 negotiations concurrently through a :class:`Marketplace` on the model's own event loop, then settle the deals
-in pair order. Same seed, same days, same transcripts.
+in pair order. Same seed, same days, same transcripts. Sellers may be :mod:`learners <nego.market.learning>`, which
+play each of their pairs as a group and learn from it after the day.
 
 Settlement rule, kept deliberately simple: a deal moves ``units`` from seller to buyer, where ``units`` is the
 agreed value of an issue named ``quantity`` (or ``units``/``volume``/``qty``) if the scenario has one, else 1,
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import mesa
@@ -24,8 +25,9 @@ import numpy as np
 import polars as pl
 from nego.scenarios.scenario import Scenario
 
-from .events import DayEnded, DayStarted, EventBus
-from .marketplace import FactorySource, Job, Marketplace
+from .events import DayEnded, DayStarted, EventBus, LearnerUpdated
+from .learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
+from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory, Played
 from .protocol import ProtocolConfig
 from .types import EndReason, NegotiationResult, Offer
 
@@ -94,6 +96,22 @@ class Settlement:
     price: float | None
     paid: float
 
+
+SELLER_DAY_SCHEMA = pl.Schema(
+    {
+        "day": pl.Int32,
+        "seller": pl.String,
+        "negotiations": pl.Int32,
+        "deals": pl.Int32,
+        "errors": pl.Int32,
+        "mean_seller_utility": pl.Float64,
+        "invalid_per_turn": pl.Float64,
+        "learning": pl.Boolean,
+        "policy_version": pl.Int32,
+    }
+)
+"""One row per seller spec per day: how its negotiations went (a learner's rollouts included, its policy version is
+the one that played)."""
 
 DAY_SCHEMA = pl.Schema(
     {
@@ -168,6 +186,7 @@ class MarketModel(mesa.Model):
         protocol: ProtocolConfig | None = None,
         bus: EventBus | None = None,
         writer: TranscriptWriter | None = None,
+        learners: Sequence[Learner] = (),
     ) -> None:
         super().__init__(seed=seed)
         if days < 1:
@@ -182,9 +201,27 @@ class MarketModel(mesa.Model):
         self.run_id = run_id or f"market-{seed}"
         self.bus = bus
         self._scenarios = scenarios
+        self.learners = {learner.spec: learner for learner in learners}
+        if len(self.learners) != len(learners):
+            raise ValueError("two learners trade under the same spec")
+        bad = [lr.spec for lr in learners if lr.group_size < 1]
+        if bad:
+            raise ValueError(f"learner(s) {', '.join(bad)}: group_size must be >= 1")
+        self._base_factories = factories
         self.market = Marketplace(
-            factories, concurrency=concurrency, per_kind=per_kind, protocol=protocol, bus=bus, writer=writer
+            self._factory if self.learners else factories,
+            concurrency=concurrency,
+            per_kind=per_kind,
+            protocol=protocol,
+            bus=bus,
+            writer=writer,
+            scorer=self._score if self.learners else None,
         )
+        self.learned_through = self._resume_learners(writer)
+        """The last day every learner has learned from (earlier days are replayed from transcripts on a rerun)."""
+        self.seller_days: list[dict[str, object]] = []
+        """One row per seller spec per played day (see :data:`SELLER_DAY_SCHEMA`)."""
+        self.learn_reports: list[tuple[int, str, LearnReport]] = []
         for setup in sellers:
             SellerAgent(self, setup)
         for setup in buyers:
@@ -193,6 +230,27 @@ class MarketModel(mesa.Model):
         """One row per played day (see :data:`DAY_SCHEMA`)."""
         self._runner: asyncio.Runner | None = None
         self.running = self.can_match()
+
+    def _factory(self, spec: str) -> NegotiatorFactory:
+        learner = self.learners.get(spec)
+        if learner is not None:
+            return learner.factory()
+        source = self._base_factories
+        if callable(source) and not isinstance(source, Mapping):
+            return source(spec)
+        return source[spec]
+
+    def _score(self, job: Job, result: NegotiationResult) -> float | None:
+        learner = self.learners.get(job.seller)
+        return learner.score(job, result) if learner is not None else None
+
+    def _resume_learners(self, writer: TranscriptWriter | None) -> int:
+        if not self.learners:
+            return 0
+        done = min(learner.resume() for learner in self.learners.values())
+        if writer is not None:
+            writer.rollback(pl.col("day") > done, f"of days after day {done}, the last day every learner learned from")
+        return done
 
     @property
     def sellers(self) -> list[SellerAgent]:
@@ -227,12 +285,36 @@ class MarketModel(mesa.Model):
             return scenario
         return source[int(self.rng.integers(len(source)))]
 
-    def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[Job]:
-        jobs = []
+    def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job]]:
+        """Each pair's jobs: one, or a learner's group (the market's negotiation first, then its rollouts)."""
+        out = []
         for i, (s, b) in enumerate(pairs):
             seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
-            jobs.append(Job(self._scenario(), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i))
-        return jobs
+            job = Job(self._scenario(), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
+            learner = self.learners.get(s.spec)
+            if learner is None:
+                out.append([job])
+                continue
+            version = learner.policy_version
+            group = [replace(job, group=i, policy_version=version)]
+            for k in range(1, learner.group_size):
+                extra = int(np.random.SeedSequence([self.seed, day, i, k]).generate_state(1, np.uint64)[0] >> 1)
+                group.append(
+                    Job(
+                        job.scenario,
+                        s.spec,
+                        b.spec,
+                        extra,
+                        run_id=self.run_id,
+                        arm=ROLLOUT_ARM,
+                        day=day,
+                        pair=i,
+                        group=i,
+                        policy_version=version,
+                    )
+                )
+            out.append(group)
+        return out
 
     def step(self) -> None:
         """Play one market day (Mesa has already advanced ``self.steps``, which is the day number)."""
@@ -245,8 +327,15 @@ class MarketModel(mesa.Model):
             self.bus.publish(DayStarted(day, len(pairs)))
         if self._runner is None:
             self._runner = asyncio.Runner()  # one loop for the model's life: async clients keep their pools
-        results = self._runner.run(self.market.run(self._jobs(day, pairs)))
-        self._record(day, pairs, results)
+        per_pair = self._jobs(day, pairs)
+        played = self._runner.run(self.market.play([j for jobs in per_pair for j in jobs]))
+        groups: list[list[Played]] = []
+        for jobs in per_pair:
+            groups.append(played[: len(jobs)])
+            played = played[len(jobs) :]
+        self._record(day, pairs, [g[0].result for g in groups])
+        self._record_sellers(day, groups)
+        self._learn(day, pairs, groups)
         self.running = day < self.days and self.can_match()
 
     def _record(
@@ -282,6 +371,50 @@ class MarketModel(mesa.Model):
         )
         if self.bus is not None and self.bus.active:
             self.bus.publish(DayEnded(day, len(pairs), deals, errors, units, revenue))
+
+    def _learn(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], groups: Sequence[list[Played]]) -> None:
+        for spec, learner in self.learners.items():
+            mine = tuple(
+                LearningGroup(day, i, tuple(g))
+                for i, ((s, _), g) in enumerate(zip(pairs, groups, strict=True))
+                if s.spec == spec
+            )
+            if day <= self.learned_through:
+                continue  # a replayed day: the learner's restored state already holds what it learned from it
+            report = learner.learn(day, mine)
+            self.learn_reports.append((day, spec, report))
+            self.market.forget(spec)  # the next day is played by the updated policy
+            if self.bus is not None and self.bus.active:
+                self.bus.publish(LearnerUpdated(day, spec, report))
+
+    def _record_sellers(self, day: int, groups: Sequence[list[Played]]) -> None:
+        by_spec: dict[str, list[Played]] = {}
+        for g in groups:
+            by_spec.setdefault(g[0].job.seller, []).extend(g)
+        for spec, items in by_spec.items():
+            ok = [p for p in items if p.result.outcome.end_reason is not EndReason.ERROR]
+            turns = sum(1 for p in ok for t in p.result.turns if t.role.value == "seller")
+            invalid = sum(p.result.outcome.invalid_seller for p in ok)
+            learner = self.learners.get(spec)
+            self.seller_days.append(
+                {
+                    "day": day,
+                    "seller": spec,
+                    "negotiations": len(items),
+                    "deals": sum(p.result.outcome.agreed for p in ok),
+                    "errors": len(items) - len(ok),
+                    "mean_seller_utility": float(np.mean([p.result.outcome.seller_utility for p in ok]))
+                    if ok
+                    else None,
+                    "invalid_per_turn": invalid / turns if turns else None,
+                    "learning": learner is not None,
+                    "policy_version": items[0].job.policy_version if learner is not None else None,
+                }
+            )
+
+    def seller_days_frame(self) -> pl.DataFrame:
+        """Per seller spec and day: negotiations, deals, mean seller utility, invalid actions per seller turn."""
+        return pl.DataFrame(self.seller_days, schema=SELLER_DAY_SCHEMA, orient="row")
 
     def run(self) -> pl.DataFrame:
         """Step until no pair can be matched or ``days`` days have passed; returns :meth:`days_frame`."""
@@ -326,6 +459,8 @@ class MarketModel(mesa.Model):
         return self._runner.run(coro)
 
     def close(self) -> None:
+        for learner in self.learners.values():
+            learner.close()
         if self._runner is not None:
             self._runner.close()
             self._runner = None

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the learner columns (step, group, policy_version, reward); parts of version 1 read with them null."""
 
 ROLE = pl.Enum([r.value for r in Role])
 END_REASON = pl.Enum([r.value for r in EndReason])
@@ -42,6 +43,10 @@ NEGOTIATIONS_SCHEMA = pl.Schema(
         "arm": pl.String,
         "day": pl.Int32,
         "pair": pl.Int32,
+        "step": pl.Int32,
+        "group": pl.Int32,
+        "policy_version": pl.Int32,
+        "reward": pl.Float64,
         "scenario_id": pl.String,
         "scenario_hash": pl.String,
         "category": pl.String,
@@ -75,7 +80,9 @@ NEGOTIATIONS_SCHEMA = pl.Schema(
         "schema_version": pl.Int32,
     }
 )
-"""One row per negotiation attempt. ``agreement`` is the agreed offer as a JSON object (null without a deal)."""
+"""One row per negotiation attempt. ``agreement`` is the agreed offer as a JSON object (null without a deal).
+``step``, ``group`` and ``policy_version`` place a negotiation in a learner's training, ``reward`` is what the
+learner's reward function gave it (all null for negotiations no learner played)."""
 
 TURNS_SCHEMA = pl.Schema(
     {
@@ -109,7 +116,9 @@ def _offer_json(offer: Offer | None) -> str | None:
     return None if offer is None else json.dumps(offer.to_dict(), separators=(",", ":"))
 
 
-def negotiation_row(job: Job, attempt: int, result: NegotiationResult, wall_s: float) -> dict[str, Any]:
+def negotiation_row(
+    job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
+) -> dict[str, Any]:
     """The negotiations-table row of one attempt."""
     o, sc = result.outcome, job.scenario
     row: dict[str, Any] = {
@@ -119,6 +128,10 @@ def negotiation_row(job: Job, attempt: int, result: NegotiationResult, wall_s: f
         "arm": job.arm,
         "day": job.day,
         "pair": job.pair,
+        "step": job.step,
+        "group": job.group,
+        "policy_version": job.policy_version,
+        "reward": reward,
         "scenario_id": sc.id,
         "scenario_hash": scenario_hash(sc),
         "category": sc.category,
@@ -259,9 +272,11 @@ class TranscriptWriter:
         """Ids whose latest written attempt ended without error (a resumed run skips these)."""
         return {nid for nid, (_, ok) in self.attempts().items() if ok}
 
-    def add(self, job: Job, attempt: int, result: NegotiationResult, wall_s: float) -> None:
+    def add(
+        self, job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
+    ) -> None:
         """Buffer one attempt; writes a part once ``flush_every`` attempts are buffered."""
-        self._negotiations.append(negotiation_row(job, attempt, result, wall_s))
+        self._negotiations.append(negotiation_row(job, attempt, result, wall_s, reward))
         self._turns.extend(turn_rows(job.negotiation_id, attempt, result.turns))
         if len(self._negotiations) >= self.flush_every:
             self.flush()
@@ -297,6 +312,32 @@ class TranscriptWriter:
             finally:
                 os.close(fd)
 
+    def rollback(self, where: pl.Expr, why: str) -> int:
+        """Remove every part whose negotiations match ``where`` (for example ``pl.col("step") >= 7``); returns how many
+        negotiation rows went. A resumed learner uses it to drop what a killed run played after its last checkpoint,
+        which is then played again. A part must match as a whole: learners flush at the end of every step or day,
+        so a part never mixes rows on both sides of such a cut (if one does, nothing is removed and ValueError says
+        which part)."""
+        self.flush()
+        doomed: list[tuple[int, int]] = []
+        with locked(self.directory / ".lock"):
+            turns = _parts(self.directory, "turns")
+            for n, path in sorted(_parts(self.directory, "negotiations").items()):
+                hit = _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, [n]).select(where.fill_null(False))
+                flags = hit.collect().to_series()
+                if flags.any() and not flags.all():
+                    raise ValueError(f"{path} holds negotiations on both sides of the cut ({why}): cannot roll back")
+                if flags.any():
+                    doomed.append((n, len(flags)))
+            for n, _ in doomed:
+                (self.directory / "negotiations" / f"part-{n:08d}.parquet").unlink()  # first: it makes rows count
+                if n in turns:
+                    turns[n].unlink()
+        removed = sum(rows for _, rows in doomed)
+        if removed:
+            logger.warning("transcripts in %s: removed %d negotiation(s) %s", self.directory, removed, why)
+        return removed
+
     def close(self) -> None:
         self.flush()
 
@@ -313,7 +354,7 @@ def _scan(directory: Path, table: str, schema: pl.Schema, numbers: Iterable[int]
     if not paths:
         return pl.LazyFrame(schema=schema)
     try:
-        return pl.scan_parquet(paths, schema=schema)
+        return pl.scan_parquet(paths, schema=schema, missing_columns="insert")
     except Exception as e:
         raise ValueError(
             f"cannot read {table} transcripts in {directory} with schema version {SCHEMA_VERSION}: {e}"

@@ -8,7 +8,6 @@ model generated stay exactly as sampled. Replies are the JSON actions ``nego.age
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 from nego.agents.compact import BatchedGenerator, generate_turns
 from nego.agents.parsing import parse_text
 from nego.agents.prompts import DEFAULT_TEMPLATE, describe_offer, load_template
-from nego.market.protocol import run_negotiation
-from nego.market.types import Action, ActionKind, Observation, Outcome
+from nego.agents.trace import TokenTrace
+from nego.market.types import Action, ActionKind, NegotiationResult, Observation, Outcome
 from nego.scenarios.scenario import Role
 
-from .rollout import MarketRollout, hook_dict
+from .rollout import MarketRollout
 
 
 class TemplateError(ValueError):
@@ -144,34 +143,34 @@ class ChatNegotiator:
         text = tok.decode(ids, skip_special_tokens=True)
         return parse_text(text, obs.scenario.issues)
 
+    def record(self, result: NegotiationResult) -> TokenTrace:
+        """The finished episode as one id sequence (ending on EOS, outside the loss if the model did not write it)."""
+        self.trace.finish(result.outcome, self.policy.eos_id)
+        t = self.trace
+        return TokenTrace(tuple(t.prompt), tuple(t.ids), tuple(t.mask), tuple(t.logprobs))
 
-async def play_chat(policy: ChatPolicy, scenarios, buyers, seeds, temperature) -> list[tuple[ChatTrace, Any]]:
-    """Play ``scenarios[i]`` against ``buyers[i]`` concurrently with chat sellers; returns (trace, result) pairs."""
-    sellers = [ChatNegotiator(policy, Role.SELLER, s, temperature) for s in seeds]
-    results = await asyncio.gather(
-        *(
-            run_negotiation(sc, se, b(Role.BUYER, s), seed=s)
-            for sc, se, b, s in zip(scenarios, sellers, buyers, seeds, strict=True)
-        )
-    )
-    for se, res in zip(sellers, results, strict=True):
-        se.trace.finish(res.outcome, policy.eos_id)
-    return [(se.trace, res) for se, res in zip(sellers, results, strict=True)]
+
+@dataclass
+class ChatFactory:
+    """Negotiators of one chat policy under a learner spec (all share the policy's batched generation)."""
+
+    spec: str
+    policy: ChatPolicy
+    temperature: float | None = None
+    kind: str = "chat-learner"
+
+    def __call__(self, role: Role | str, seed: int) -> ChatNegotiator:
+        return ChatNegotiator(self.policy, Role(role), seed, self.temperature)
 
 
 class ChatMarketRollout(MarketRollout):
-    """The market rollout for chat models: same buyers, seeds and outcome columns, JSON actions in a chat template."""
+    """The market rollout for chat models: same jobs, seeds and rewards, JSON actions in a chat template."""
 
     def __init__(self, *args: Any, max_new: int = 96, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.max_new = max_new
 
-    def rollout(self, model: Any, trainer: Any, scenarios: list, buyers: list, seeds: list[int]) -> dict[str, list]:
+    def learner(self, model: Any, trainer: Any) -> ChatFactory:
         vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
         policy = ChatPolicy(model, self.tokenizer, max_new=self.max_new, vllm=vllm)
-        played = asyncio.run(play_chat(policy, scenarios, buyers, seeds, float(trainer.temperature)))
-        rows = [
-            (tr.prompt, tr.ids, tr.mask, tr.logprobs, res, sc, b.spec)
-            for (tr, res), sc, b in zip(played, scenarios, buyers, strict=True)
-        ]
-        return hook_dict(rows, self.max_tokens)
+        return ChatFactory(self.spec, policy, float(trainer.temperature))

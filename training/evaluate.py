@@ -1,17 +1,23 @@
-"""Evaluation of a compact seller against named buyers on fixed scenarios (paired across models)."""
+"""Dev evaluation of a learning seller: every dev scenario against each named buyer, through the episode runner.
+
+Negotiations are seeded by (seed, scenario index) only, so two models (or two steps of one run) meet identical
+negotiations and can be paired. They are written to the run's transcripts as the ``dev`` arm with the training
+step, like the rollouts.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from nego.agents.compact import CompactPolicy
 from nego.agents.registry import resolve
+from nego.market.marketplace import Job
 from nego.scenarios.scenario import Scenario
 
-from .rollout import play
+from .runner import EpisodeRunner
+
+DEV_ARM = "dev"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,60 +37,80 @@ class BuyerResult:
     def deal_rate(self) -> float:
         return float(np.mean(self.agreed))
 
+    @property
+    def invalid_per_episode(self) -> float:
+        return float(np.mean(self.invalid))
+
     def summary(self) -> dict[str, float]:
+        """The JSON form the model registry keeps."""
         return {
             "utility": round(self.mean_utility, 4),
             "deal_rate": round(self.deal_rate, 4),
-            "invalid_per_episode": round(float(np.mean(self.invalid)), 4),
+            "invalid_per_episode": round(self.invalid_per_episode, 4),
             "n": len(self.utility),
         }
 
 
+@dataclass(frozen=True, slots=True)
+class DevEvaluation:
+    """One dev evaluation: the step it was taken at and the results per buyer, in buyer order."""
+
+    step: int
+    buyers: tuple[BuyerResult, ...]
+
+    def __getitem__(self, buyer: str) -> BuyerResult:
+        for r in self.buyers:
+            if r.buyer == buyer:
+                return r
+        raise KeyError(buyer)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {r.buyer: r.summary() for r in self.buyers}
+
+    def line(self) -> str:
+        """The evaluation on one line: utility / deal rate / invalid actions per episode, per buyer."""
+        cells = [
+            f"{r.buyer} {r.mean_utility:.3f} / {r.deal_rate:.2f} / {r.invalid_per_episode:.2f}" for r in self.buyers
+        ]
+        return "; ".join(cells) + " (utility / deal rate / invalid per episode)"
+
+
+def dev_jobs(
+    spec: str, scenarios: Sequence[Scenario], buyers: Sequence[str], *, seed: int = 0, step: int | None = None
+) -> list[Job]:
+    """Every scenario against every buyer; the seed of scenario ``i`` depends only on (seed, i)."""
+    seeds = [int(x) for x in np.random.default_rng([seed, 99]).integers(2**31, size=len(scenarios))]
+    tag = "base" if step is None else f"s{step:06d}"
+    jobs = []
+    for k, buyer in enumerate(buyers):
+        canonical = resolve(buyer).spec
+        for i, (sc, s) in enumerate(zip(scenarios, seeds, strict=True)):
+            nid = f"{DEV_ARM}-{tag}-b{k}-{i:04d}"
+            jobs.append(Job(sc, spec, canonical, s, nid, DEV_ARM, DEV_ARM, step=step, policy_version=step))
+    return jobs
+
+
 def evaluate(
-    policy: CompactPolicy,
+    runner: EpisodeRunner,
+    spec: str,
     scenarios: Sequence[Scenario],
     buyers: Sequence[str],
+    *,
     seed: int = 0,
-    temperature: float | None = None,
-) -> dict[str, BuyerResult]:
-    """Play every scenario once against each buyer spec, greedily (or sampling at ``temperature``, the way GRPO
-    trains the policy); seeds depend only on (seed, index)."""
-    out = {}
-    seeds = [int(x) for x in np.random.default_rng([seed, 99]).integers(2**31, size=len(scenarios))]
-    for spec in buyers:
-        factory = resolve(spec)
-        episodes = asyncio.run(play(policy, scenarios, [factory] * len(scenarios), seeds, temperature))
-        out[spec] = BuyerResult(
-            spec,
-            tuple(e.result.outcome.seller_utility for e in episodes),
-            tuple(e.result.outcome.agreed for e in episodes),
-            tuple(e.result.outcome.invalid_seller for e in episodes),
+    step: int | None = None,
+) -> DevEvaluation:
+    """Play the learner ``spec`` (as ``runner`` knows it) on every scenario against each buyer spec."""
+    played = runner.play(dev_jobs(spec, scenarios, buyers, seed=seed, step=step))
+    n = len(scenarios)
+    out = []
+    for k, buyer in enumerate(buyers):
+        outcomes = [p.result.outcome for p in played[k * n : (k + 1) * n]]
+        out.append(
+            BuyerResult(
+                buyer,
+                tuple(o.seller_utility for o in outcomes),
+                tuple(o.agreed for o in outcomes),
+                tuple(o.invalid_seller for o in outcomes),
+            )
         )
-    return out
-
-
-def evaluate_chat(
-    model,
-    tokenizer,
-    scenarios: Sequence[Scenario],
-    buyers: Sequence[str],
-    seed: int = 0,
-    temperature: float | None = None,
-):
-    """:func:`evaluate` for chat models (JSON actions through the chat template)."""
-    from .chat_rollout import ChatPolicy, play_chat
-
-    out = {}
-    seeds = [int(x) for x in np.random.default_rng([seed, 99]).integers(2**31, size=len(scenarios))]
-    policy = ChatPolicy(model, tokenizer)
-    for spec in buyers:
-        factory = resolve(spec)
-        played = asyncio.run(play_chat(policy, scenarios, [factory] * len(scenarios), seeds, temperature))
-        outcomes = [res.outcome for _, res in played]
-        out[spec] = BuyerResult(
-            spec,
-            tuple(o.seller_utility for o in outcomes),
-            tuple(o.agreed for o in outcomes),
-            tuple(o.invalid_seller for o in outcomes),
-        )
-    return out
+    return DevEvaluation(step or 0, tuple(out))

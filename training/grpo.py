@@ -10,16 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from nego.agents.model_registry import ModelEntry, nego_home, register
+from nego.agents.registry import NegotiatorFactory
+from nego.market.events import EventBus
 from nego.market.locks import exclusive_run
+from nego.market.marketplace import Scorer
 
-from .checkpoints import latest_checkpoint, save_run_config
+from .checkpoints import checkpoint_step, latest_checkpoint, save_run_config
 from .config import TrainConfig, no_deal_value
+from .evaluate import DEV_ARM, DevEvaluation, evaluate
 from .pool import BuyerPool
-from .rewards import make_reward_func
-from .rollout import MarketRollout, split_scenarios
+from .rewards import outcome_scorer
+from .rollout import TRAIN_ARM, MarketRollout, split_scenarios, trl_reward
+from .runner import EpisodeRunner
 from .train_log import TrainLog, TrainObserver
 
 DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5")
+TRANSCRIPTS = "transcripts"
 Echo = Callable[[str], None]
 
 
@@ -30,8 +36,26 @@ class TrainResult:
     rl_name: str
     steps: int
     stopped_early: bool
-    dev: dict[str, dict[str, float]]
+    dev: DevEvaluation
     seconds: float
+
+
+@dataclass
+class RunState:
+    """What the trainer's callbacks keep between steps."""
+
+    stopped_early: bool = False
+    step_started: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerParts:
+    """A GRPO trainer wired to the market, with the pieces around it."""
+
+    trainer: Any
+    rollout: MarketRollout
+    log: TrainLog
+    state: RunState
 
 
 def run_dir_for(cfg: TrainConfig) -> Path:
@@ -45,8 +69,11 @@ def _env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo, started: float) -> tuple[Any, Any]:
-    """The tiny base model: loaded from ``run_dir/base`` if it exists, else built and behaviour-cloned there."""
+def warm_start(
+    cfg: TrainConfig, run_dir: Path, echo: Echo, started: float, runner: EpisodeRunner | None = None
+) -> tuple[Any, Any]:
+    """The tiny base model: loaded from ``run_dir/base`` if it exists, else built and behaviour-cloned there (the
+    rule-seller transcripts it imitates are written through ``runner``'s transcripts, as the warm-start arm)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from .sft import behaviour_clone, record_transcripts
@@ -62,8 +89,9 @@ def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo, started: float) -> t
     echo(f"tiny model: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tok)}")
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
     t0 = time.perf_counter()
+    writer = runner.market.writer if runner is not None else None
     traces = record_transcripts(
-        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)), cfg.seed
+        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)), cfg.seed, writer
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:
@@ -87,30 +115,34 @@ def warm_start(cfg: TrainConfig, run_dir: Path, echo: Echo, started: float) -> t
     return model, tok
 
 
-def dev_eval(model: Any, tok: Any, cfg: TrainConfig) -> dict[str, dict[str, float]]:
+def learner_factory(model: Any, tok: Any, cfg: TrainConfig, spec: str) -> NegotiatorFactory:
+    """Negotiators of ``model`` as it is now, sampling at the rollout temperature: what GRPO trains and what the dev
+    evaluation measures."""
+    if cfg.is_tiny:
+        from nego.agents.compact import CompactFactory, CompactPolicy
+
+        return CompactFactory(spec, CompactPolicy(model, tok), cfg.temperature)
+    from .chat_rollout import ChatFactory, ChatPolicy
+
+    return ChatFactory(spec, ChatPolicy(model, tok), cfg.temperature)
+
+
+def dev_eval(model: Any, tok: Any, cfg: TrainConfig, runner: EpisodeRunner, step: int) -> DevEvaluation:
     """Play on the dev split against the dev buyers (never the held-out suite), sampled at the rollout temperature
     with fixed seeds: the policy GRPO trains, measured the same way at every evaluation."""
-    from .evaluate import evaluate, evaluate_chat
-
     scenarios = split_scenarios("dev", cfg.dev_scenarios, cfg.max_rounds)
+    spec = rl_name(cfg)
     was = model.training
     model.eval()
     try:
-        if cfg.is_tiny:
-            from nego.agents.compact import CompactPolicy
-
-            res = evaluate(CompactPolicy(model, tok), scenarios, DEV_BUYERS, temperature=cfg.temperature)
-        else:
-            res = evaluate_chat(model, tok, scenarios, DEV_BUYERS, temperature=cfg.temperature)
+        runner.set_learner(spec, learner_factory(model, tok, cfg, spec))
+        return evaluate(runner, spec, scenarios, DEV_BUYERS, step=step)
     finally:
         model.train(was)
-    return {k: v.summary() for k, v in res.items()}
 
 
-def dev_line(dev: dict[str, dict[str, float]]) -> str:
-    """A dev evaluation on one line: utility / deal rate / invalid actions per episode, per buyer."""
-    cells = (f"{b} {r['utility']:.3f} / {r['deal_rate']:.2f} / {r['invalid_per_episode']:.2f}" for b, r in dev.items())
-    return "; ".join(cells) + " (utility / deal rate / invalid per episode)"
+def rl_name(cfg: TrainConfig) -> str:
+    return f"{cfg.run_name}-rl"
 
 
 def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any:
@@ -150,39 +182,65 @@ def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any
     )
 
 
-def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, started: float, echo: Echo) -> tuple[list, dict]:
+def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, runner: EpisodeRunner, started: float, echo: Echo):
     from transformers import TrainerCallback
 
-    state_box: dict[str, Any] = {"stopped_early": False, "t": time.perf_counter()}
+    state = RunState(step_started=time.perf_counter())
 
     class Monitor(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            state_box["t"] = time.perf_counter()
+        def on_step_begin(self, args, trainer_state, control, **kw):
+            state.step_started = time.perf_counter()
 
-        def on_log(self, args, state, control, logs=None, **kw):
+        def on_log(self, args, trainer_state, control, logs=None, **kw):
             if logs and "reward" in logs:
-                seconds = logs.get("step_time") or time.perf_counter() - state_box["t"]
-                row = log.add(state.global_step, logs, float(seconds))
-                if state.global_step % 10 == 0 or state.global_step == 1:
+                seconds = logs.get("step_time") or time.perf_counter() - state.step_started
+                step = trainer_state.global_step
+                row = log.add(step, logs, float(seconds))
+                if step % 10 == 0 or step == 1:
                     echo(
-                        f"step {state.global_step}: reward {row['reward_mean']:.3f} deal {row['deal_rate']:.2f} "
+                        f"step {step}: reward {row['reward_mean']:.3f} deal {row['deal_rate']:.2f} "
                         f"invalid {row['invalid_rate']:.3f} entropy {row['entropy'] or 0:.3f} "
                         f"identical groups {row['identical_group_share'] or 0:.2f} ({row['step_seconds']:.1f}s)"
                     )
 
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if cfg.eval_every and state.global_step % cfg.eval_every == 0 and model is not None:
-                dev = dev_eval(model, tok, cfg)
-                log.add_eval(state.global_step, dev)
-                echo(f"step {state.global_step}: dev {dev_line(dev)}")
+        def on_step_end(self, args, trainer_state, control, model=None, **kw):
+            step = trainer_state.global_step
+            if cfg.eval_every and step % cfg.eval_every == 0 and model is not None:
+                dev = dev_eval(model, tok, cfg, runner, step)
+                log.add_eval(dev)
+                echo(f"step {step}: dev {dev.line()}")
             minutes = (time.perf_counter() - started) / 60
-            if cfg.time_budget_min and minutes >= cfg.time_budget_min and state.global_step < state.max_steps:
-                state_box["stopped_early"] = True
+            if cfg.time_budget_min and minutes >= cfg.time_budget_min and step < trainer_state.max_steps:
+                state.stopped_early = True
                 control.should_training_stop = True
                 control.should_save = True
-                echo(f"time budget of {cfg.time_budget_min} min reached at step {state.global_step}: stopping")
+                echo(f"time budget of {cfg.time_budget_min} min reached at step {step}: stopping")
 
-    return [Monitor()], state_box
+    return [Monitor()], state
+
+
+def open_runner(cfg: TrainConfig, run_dir: Path, scorer: Scorer | None = None, bus: EventBus | None = None):
+    """The run's episode runner: transcripts under ``run_dir/transcripts``, the training reward as its scorer."""
+    from nego.market.transcripts import TranscriptWriter
+
+    writer = TranscriptWriter(run_dir / TRANSCRIPTS, flush_every=10**9)  # one part per rollout batch or evaluation
+    if scorer is None:
+        scorer = outcome_scorer(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty)
+    return EpisodeRunner(writer=writer, bus=bus, scorer=scorer)
+
+
+def roll_back_transcripts(runner: EpisodeRunner, checkpoint: Path | None) -> int:
+    """Drop transcripts that a killed run wrote after the checkpoint it resumes from: rollouts of the steps it will
+    play again and dev evaluations after that checkpoint (they are played again too)."""
+    import polars as pl
+
+    writer = runner.market.writer
+    if writer is None:
+        return 0
+    n = checkpoint_step(checkpoint) if checkpoint is not None else 0
+    arm = pl.col("arm")
+    where = ((arm == TRAIN_ARM) & (pl.col("step") >= n)) | ((arm == DEV_ARM) & (pl.col("step") > n))
+    return writer.rollback(where, f"played after step {n}, the checkpoint this run resumes from")
 
 
 def build_trainer(
@@ -192,18 +250,19 @@ def build_trainer(
     run_dir: Path,
     echo: Echo,
     started: float,
+    runner: EpisodeRunner,
     *,
-    reward_func: Callable[..., list[float]] | None = None,
-    rollout_cls: type | None = None,
+    rollout_cls: type[MarketRollout] | None = None,
     scenarios: list | None = None,
     observer: TrainObserver | None = None,
-) -> tuple:
-    """The GRPOTrainer wired to the market rollout; returns (trainer, rollout, log, state_box).
+    reward_func: Callable[..., list[float]] = trl_reward,
+) -> TrainerParts:
+    """The GRPOTrainer wired to the market through ``runner`` (whose scorer is the reward).
 
-    ``reward_func``, ``rollout_cls`` and ``scenarios`` replace the outcome reward, the rollout class and the training
-    split (diagnostics such as bench/grpo_sanity.py use them to test the same wiring with a reward that is known to
-    be learnable). With an ``observer`` (a live view) the trainer's own progress bar and log printing are off: the
-    observer shows every step instead."""
+    ``rollout_cls``, ``scenarios`` and ``reward_func`` replace the rollout class, the training split and TRL's reward
+    function (diagnostics such as bench/grpo_sanity.py use them, with a runner scoring a reward that is known to be
+    learnable, to test the same wiring). With an ``observer`` (a live view) the trainer's own progress bar and log
+    printing are off: the observer shows every step instead."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -217,12 +276,15 @@ def build_trainer(
         scenarios,
         BuyerPool(tuple(cfg.train_buyers)),
         tok,
+        runner,
+        spec=rl_name(cfg),
         seed=cfg.seed,
         max_tokens=cfg.max_tokens,
         group_size=cfg.group_size,
+        run_id=cfg.run_name,
     )
     log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo, observer)
-    callbacks, state_box = _callbacks(cfg, log, tok, started, echo)
+    callbacks, state = _callbacks(cfg, log, tok, runner, started, echo)
     peft_config = None
     if cfg.finetune == "lora":
         from peft import LoraConfig
@@ -232,7 +294,7 @@ def build_trainer(
         )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward_func or make_reward_func(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty),
+        reward_funcs=reward_func,
         args=grpo_args(cfg, run_dir, progress_bar=observer is None),
         train_dataset=Dataset.from_list([{"prompt": s.id} for s in scenarios]),
         processing_class=tok,
@@ -244,7 +306,7 @@ def build_trainer(
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)
-    return trainer, rollout, log, state_box
+    return TrainerParts(trainer, rollout, log, state)
 
 
 def train(cfg: TrainConfig, echo: Echo = print, observer: TrainObserver | None = None) -> TrainResult:
@@ -263,31 +325,35 @@ def train(cfg: TrainConfig, echo: Echo = print, observer: TrainObserver | None =
 
 
 def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer: TrainObserver | None) -> TrainResult:
-    if cfg.is_tiny:
-        save_run_config(run_dir, cfg)
-        model, tok = warm_start(cfg, run_dir, echo, started)
-        base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
-    else:
-        from .hf_model import load_chat_model, model_source
+    bus = getattr(observer, "bus", None)
+    with open_runner(cfg, run_dir, bus=bus) as runner:
+        resume_from = latest_checkpoint(run_dir) if cfg.resume else None
+        if cfg.resume:
+            roll_back_transcripts(runner, resume_from)
+        if cfg.is_tiny:
+            save_run_config(run_dir, cfg)
+            model, tok = warm_start(cfg, run_dir, echo, started, runner)
+            base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
+        else:
+            from .hf_model import load_chat_model, model_source
 
-        model, tok = load_chat_model(cfg)
-        save_run_config(run_dir, cfg)
-        base_path, sft_steps = model_source(cfg), 0
-    base_dev = dev_eval(model, tok, cfg)
-    base_name = cfg.run_name
-    entry_cfg = _entry_config(cfg, "base")
-    register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev}))
-    echo(f"registered {base_name}: dev {dev_line(base_dev)}")
+            model, tok = load_chat_model(cfg)
+            save_run_config(run_dir, cfg)
+            base_path, sft_steps = model_source(cfg), 0
+        base_dev = dev_eval(model, tok, cfg, runner, 0)
+        base_name = cfg.run_name
+        entry_cfg = _entry_config(cfg, "base")
+        register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev.summary()}))
+        echo(f"registered {base_name}: dev {base_dev.line()}")
+        if observer is not None:
+            observer.on_dev(base_dev)
+        parts = build_trainer(cfg, model, tok, run_dir, echo, started, runner, observer=observer)
+        if resume_from:
+            echo(f"resuming from {resume_from}")
+        parts.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        result = finish(cfg, parts, tok, run_dir, base_name, runner, started, echo)
     if observer is not None:
-        observer.on_dev(0, base_dev)
-    trainer, _, _, box = build_trainer(cfg, model, tok, run_dir, echo, started, observer=observer)
-    resume_from = latest_checkpoint(run_dir) if cfg.resume else None
-    if resume_from:
-        echo(f"resuming from {resume_from}")
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    result = finish(cfg, trainer, tok, run_dir, base_name, box["stopped_early"], started, echo)
-    if observer is not None:
-        observer.on_dev(result.steps, result.dev)
+        observer.on_dev(result.dev)
     return result
 
 
@@ -306,26 +372,36 @@ def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
     return out
 
 
-def finish(cfg, trainer, tok, run_dir: Path, base_name: str, stopped: bool, started: float, echo: Echo) -> TrainResult:
+def finish(
+    cfg: TrainConfig,
+    parts: TrainerParts,
+    tok: Any,
+    run_dir: Path,
+    base_name: str,
+    runner: EpisodeRunner,
+    started: float,
+    echo: Echo,
+) -> TrainResult:
+    trainer, stopped = parts.trainer, parts.state.stopped_early
     final = run_dir / "final"
     trainer.save_model(str(final))
     tok.save_pretrained(final)
     if stopped:
         trainer.save_state()
     model = trainer.accelerator.unwrap_model(trainer.model)
-    dev = dev_eval(model, tok, cfg)
     steps = int(trainer.state.global_step)
-    rl_name = f"{base_name}-rl"
+    dev = dev_eval(model, tok, cfg, runner, steps)
+    name = rl_name(cfg)
     register(
         ModelEntry(
-            rl_name,
+            name,
             str(final.resolve()),
             base_name,
             _format(cfg),
             _entry_config(cfg, "grpo"),
             steps,
-            {"dev": dev, "stopped_early": stopped},
+            {"dev": dev.summary(), "stopped_early": stopped},
         )
     )
-    echo(f"registered {rl_name} after {steps} GRPO steps: dev {dev_line(dev)}")
-    return TrainResult(run_dir, base_name, rl_name, steps, stopped, dev, time.perf_counter() - started)
+    echo(f"registered {name} after {steps} GRPO steps: dev {dev.line()}")
+    return TrainResult(run_dir, base_name, name, steps, stopped, dev, time.perf_counter() - started)

@@ -1,11 +1,14 @@
-"""The GRPO reward: the seller's utility of the structured outcome, never parsed back out of text."""
+"""The GRPO reward: the seller's utility of the structured outcome, never parsed back out of text.
+
+The reward is a :data:`~nego.market.marketplace.Scorer`: the episode runner's marketplace applies it to every
+negotiation the learner plays and writes it to the transcripts' ``reward`` column; the trainer reads the same
+number (:func:`nego.training.rollout.trl_reward`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
-RewardFunc = Callable[..., list[float]]
+from nego.market.marketplace import Job, Scorer
+from nego.market.types import EndReason, NegotiationResult
 
 
 def outcome_reward(
@@ -17,22 +20,15 @@ def outcome_reward(
     return float(base) - penalty * int(invalid_seller)
 
 
-def make_reward_func(no_deal: float | None = None, invalid_penalty: float = 0.0) -> RewardFunc:
-    """A TRL reward function reading the outcome columns that the rollout passes as keyword arguments."""
+def outcome_scorer(no_deal: float | None = None, invalid_penalty: float = 0.0) -> Scorer:
+    """The training reward of a played negotiation (None for one that ended in an error: no outcome to learn from;
+    the runner refuses to train on it)."""
 
-    def seller_utility(
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        *,
-        seller_utility: Sequence[float],
-        agreed: Sequence[bool],
-        reservation: Sequence[float],
-        invalid_seller: Sequence[int],
-        **_: Any,
-    ) -> list[float]:
-        return [
-            outcome_reward(u, a, r, k, no_deal, invalid_penalty)
-            for u, a, r, k in zip(seller_utility, agreed, reservation, invalid_seller, strict=True)
-        ]
+    def score(job: Job, result: NegotiationResult) -> float | None:
+        o = result.outcome
+        if o.end_reason is EndReason.ERROR:
+            return None
+        reservation = job.scenario.seller.reservation
+        return outcome_reward(o.seller_utility, o.agreed, reservation, o.invalid_seller, no_deal, invalid_penalty)
 
-    return seller_utility
+    return score

@@ -1,32 +1,34 @@
-"""Rollouts: the current policy plays real market negotiations; a thin adapter turns them into TRL's hook dict.
+"""GRPO rollouts: the current policy plays a batch of training jobs through the episode runner; a thin adapter at
+TRL's edge turns the typed :class:`~nego.training.runner.Rollout` s into the ``rollout_func`` dict.
 
-The market knows nothing about TRL: :func:`play` runs ordinary negotiations between compact negotiators and
-rule-based (or model) buyers through :func:`nego.market.protocol.run_negotiation`; :func:`to_hook_dict` turns
-the recorded traces and structured outcomes into ``prompt_ids / completion_ids / logprobs / env_mask`` plus
-outcome columns that reach the reward function as keyword arguments.
+A batch is ``scenarios_per_step`` groups of ``group_size`` negotiations. A group shares its scenario (TRL's prompt)
+and its buyer (spec and drawn parameters), so the reward spread inside it, and with it the advantage, comes from the
+seller's own sampled choices. Every negotiation is a market :class:`~nego.market.marketplace.Job` whose id names
+its step, group and index, seeded like any other job, written to the run's transcripts with the reward the trainer
+saw.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from nego.agents.compact import CompactNegotiator, CompactPolicy, CompactTrace
+from nego.agents.compact import CompactFactory, CompactPolicy
 from nego.agents.registry import NegotiatorFactory
-from nego.market.protocol import run_negotiation
-from nego.market.types import NegotiationResult
+from nego.market.marketplace import Job
 from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
 
 from .pool import BuyerPool
+from .runner import EpisodeRunner, Rollout, Sample
 
 # Generator seeds of the scenario splits: training, the dev split (defaults and early stopping are chosen
 # on it) and the held-out split that only the final measurement reads.
 SPLIT_SEEDS = {"train": 7101, "dev": 7202, "heldout": 7303}
+TRAIN_ARM = "train"
 
 
 def split_scenarios(
@@ -40,95 +42,58 @@ def split_scenarios(
     return [s.with_opener(openers[i % len(openers)]) for i, s in enumerate(scenarios)]
 
 
-@dataclass(frozen=True, slots=True)
-class Episode:
-    """One finished negotiation as the seller saw and wrote it."""
-
-    scenario: Scenario
-    buyer_spec: str
-    trace: CompactTrace
-    result: NegotiationResult
-
-
-async def play(
-    policy: CompactPolicy,
+def step_jobs(
     scenarios: Sequence[Scenario],
-    buyers: Sequence[NegotiatorFactory],
-    seeds: Sequence[int],
-    temperature: float | None,
-) -> list[Episode]:
-    """Play ``scenarios[i]`` against ``buyers[i]`` concurrently; the policy batches its forward passes."""
-    sellers = [CompactNegotiator(policy, Role.SELLER, s, temperature) for s in seeds]
-    results = await asyncio.gather(
-        *(
-            run_negotiation(sc, seller, b(Role.BUYER, s), seed=s)
-            for sc, seller, b, s in zip(scenarios, sellers, buyers, seeds, strict=True)
+    pool: BuyerPool,
+    *,
+    seller: str,
+    seed: int,
+    step: int,
+    group_size: int,
+    run_id: str = "",
+) -> list[Job]:
+    """The jobs of GRPO step ``step``: row ``i`` plays ``scenarios[i]`` (TRL repeats each prompt ``group_size``
+    times) in group ``i // group_size``; one buyer is drawn per group. The id names step, group and index, so a
+    resumed run plays the very same jobs and its transcripts never hold a negotiation twice. ``policy_version`` is
+    the number of updates the policy has had: ``step``."""
+    n_groups = -(-len(scenarios) // group_size)
+    buyers = [pool.draw(np.random.default_rng([seed, step, g, 1])) for g in range(n_groups)]
+    jobs = []
+    for i, scenario in enumerate(scenarios):
+        g = i // group_size
+        job_seed = int(np.random.default_rng([seed, step, i]).integers(2**31))
+        nid = f"{TRAIN_ARM}-s{step:06d}-g{g:03d}-{i % group_size:02d}"
+        jobs.append(
+            Job(scenario, seller, buyers[g], job_seed, nid, run_id, TRAIN_ARM, step=step, group=g, policy_version=step)
         )
-    )
-    episodes = []
-    for sc, seller, b, res in zip(scenarios, sellers, buyers, results, strict=True):
-        seller.trace.finish(res.outcome)
-        episodes.append(Episode(sc, b.spec, seller.trace, res))
-    return episodes
+    return jobs
 
 
-def to_hook_dict(episodes: Sequence[Episode], policy: CompactPolicy, max_tokens: int) -> dict[str, list]:
-    """TRL's rollout dict: one sequence per negotiation, own tokens in the loss (env_mask 1), the rest context."""
-    return hook_dict(
-        [
-            (
-                [policy.ids[w] for w in ep.trace.prompt],
-                [policy.ids[w] for w in ep.trace.words],
-                ep.trace.mask,
-                ep.trace.logprobs,
-                ep.result,
-                ep.scenario,
-                ep.buyer_spec,
-            )
-            for ep in episodes
-        ],
-        max_tokens,
-    )
-
-
-def hook_dict(rows: Sequence[tuple], max_tokens: int) -> dict[str, list]:
-    """Rows of (prompt ids, completion ids, mask, logprobs, result, scenario, buyer spec) -> the hook's dict;
-    the outcome columns reach the reward function as keyword arguments."""
-    out: dict[str, list] = {k: [] for k in HOOK_KEYS}
-    for prompt, completion, mask, logprobs, result, scenario, buyer_spec in rows:
-        if len(completion) > max_tokens:
+def to_trl(samples: Sequence[Sample], max_tokens: int) -> dict[str, list]:
+    """TRL's rollout dict: one sequence per negotiation (own tokens in the loss, ``env_mask`` 1; the rest context),
+    the reward the trainer scores, and the scenario id for alignment checks. Only here do records become dicts."""
+    out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
+    out["scenario_id"] = []
+    for r in samples:
+        t = r.trace
+        if len(t.completion_ids) > max_tokens:
             raise RuntimeError(
-                f"episode on {scenario.id} has {len(completion)} tokens, over max_tokens={max_tokens}; "
-                "raise max_tokens or lower max_rounds"
+                f"episode {r.negotiation_id} on {r.scenario_id} has {len(t.completion_ids)} tokens, over "
+                f"max_tokens={max_tokens}; raise max_tokens or lower max_rounds"
             )
-        o = result.outcome
-        out["prompt_ids"].append(list(prompt))
-        out["completion_ids"].append(list(completion))
-        out["logprobs"].append(list(logprobs))
-        out["env_mask"].append(list(mask))
-        out["seller_utility"].append(o.seller_utility)
-        out["agreed"].append(o.agreed)
-        out["reservation"].append(scenario.seller.reservation)
-        out["invalid_seller"].append(o.invalid_seller)
-        out["seller_turns"].append(sum(1 for t in result.turns if t.role is Role.SELLER))
-        out["rounds"].append(o.rounds)
-        out["buyer_spec"].append(buyer_spec)
+        out["prompt_ids"].append(list(t.prompt_ids))
+        out["completion_ids"].append(list(t.completion_ids))
+        out["logprobs"].append(list(t.logprobs))
+        out["env_mask"].append(list(t.mask))
+        out["reward"].append(r.reward)
+        out["scenario_id"].append(r.scenario_id)
     return out
 
 
-HOOK_KEYS = (
-    "prompt_ids",
-    "completion_ids",
-    "logprobs",
-    "env_mask",
-    "seller_utility",
-    "agreed",
-    "reservation",
-    "invalid_seller",
-    "seller_turns",
-    "rounds",
-    "buyer_spec",
-)
+def trl_reward(prompts: Sequence[Any], completions: Sequence[Any], *, reward: Sequence[float], **_: Any) -> list[float]:
+    """TRL's reward function: the reward the runner's scorer already gave each negotiation (and wrote to the
+    transcripts), so what the trainer sees and what the transcripts say are one number."""
+    return [float(r) for r in reward]
 
 
 @dataclass
@@ -143,63 +108,69 @@ class RolloutStats:
     tokens: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
+    def record(self, rollouts: Sequence[Rollout], seconds: float) -> None:
+        n = max(1, len(rollouts))
+        turns = sum(r.seller_turns for r in rollouts)
+        self.episodes = len(rollouts)
+        self.deal_rate = sum(r.result.outcome.agreed for r in rollouts) / n
+        self.invalid_rate = sum(r.result.outcome.invalid_seller for r in rollouts) / max(1, turns)
+        self.utility = float(np.mean([r.result.outcome.seller_utility for r in rollouts])) if rollouts else 0.0
+        self.seconds = seconds
+        self.tokens = sum(len(r.trace) for r in rollouts)
+
 
 class MarketRollout:
-    """TRL ``rollout_func``: prompts are training scenario ids, already repeated ``group_size`` times.
-
-    All negotiations of a group face the same drawn buyer (spec and parameters), so the group's reward spread,
-    and with it the advantage, comes from the seller's own sampled choices rather than from the buyer draw."""
+    """TRL ``rollout_func``: ``prompts`` are training scenario ids, already repeated ``group_size`` times; the current
+    policy plays them as the learner ``spec`` through ``runner``."""
 
     def __init__(
         self,
         scenarios: Sequence[Scenario],
         pool: BuyerPool,
         tokenizer: Any,
+        runner: EpisodeRunner,
         *,
+        spec: str,
         seed: int,
         max_tokens: int,
-        group_size: int = 1,
+        group_size: int,
+        run_id: str = "",
     ) -> None:
         self.scenarios = {s.id: s for s in scenarios}
-        self.group_size = group_size
         self.pool = pool
         self.tokenizer = tokenizer
+        self.runner = runner
+        self.spec = spec
         self.seed = seed
         self.max_tokens = max_tokens
+        self.group_size = group_size
+        self.run_id = run_id
         self.stats = RolloutStats()
+        self.last: list[Rollout] = []
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         t0 = time.perf_counter()
         step = int(trainer.state.global_step)
-        scenarios = [self.scenarios[str(p)] for p in prompts]
-        rngs = [np.random.default_rng([self.seed, step, i]) for i in range(len(prompts))]
-        n_groups = -(-len(prompts) // self.group_size)
-        drawn = [self.pool.factory(np.random.default_rng([self.seed, step, g, 1])) for g in range(n_groups)]
-        buyers = [drawn[i // self.group_size] for i in range(len(prompts))]
-        seeds = [int(r.integers(2**31)) for r in rngs]
+        jobs = step_jobs(
+            [self.scenarios[str(p)] for p in prompts],
+            self.pool,
+            seller=self.spec,
+            seed=self.seed,
+            step=step,
+            group_size=self.group_size,
+            run_id=self.run_id,
+        )
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
         try:
-            hook = self.rollout(model, trainer, scenarios, buyers, seeds)
+            self.runner.set_learner(self.spec, self.learner(model, trainer))
+            self.last = self.runner.rollouts(jobs)
         finally:
             model.train(was_training)
-        self._record(hook, time.perf_counter() - t0)
-        return hook
+        self.stats.record(self.last, time.perf_counter() - t0)
+        return to_trl([r.sample for r in self.last], self.max_tokens)
 
-    def rollout(self, model: Any, trainer: Any, scenarios: list, buyers: list, seeds: list[int]) -> dict[str, list]:
-        """Play the batch with the compact protocol and return the hook dict."""
-        policy = CompactPolicy(model, self.tokenizer)
-        episodes = asyncio.run(play(policy, scenarios, buyers, seeds, float(trainer.temperature)))
-        return to_hook_dict(episodes, policy, self.max_tokens)
-
-    def _record(self, hook: dict[str, list], seconds: float) -> None:
-        n = len(hook["prompt_ids"])
-        turns = sum(hook["seller_turns"])
-        s = self.stats
-        s.episodes = n
-        s.deal_rate = sum(hook["agreed"]) / n
-        s.invalid_rate = sum(hook["invalid_seller"]) / max(1, turns)
-        s.utility = float(np.mean(hook["seller_utility"]))
-        s.seconds = seconds
-        s.tokens = sum(len(p) + len(c) for p, c in zip(hook["prompt_ids"], hook["completion_ids"], strict=True))
+    def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:
+        """Negotiators of the current policy, sampling at the trainer's temperature (the compact protocol)."""
+        return CompactFactory(self.spec, CompactPolicy(model, self.tokenizer), float(trainer.temperature))

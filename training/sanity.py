@@ -1,30 +1,31 @@
 """A learnability check of the GRPO wiring: the real market rollout and trainer, with a reward that is easy to learn.
 
 Used by ``bench/grpo_sanity.py`` and the slow learning test. The rollout is the ordinary
-:class:`~nego.training.rollout.MarketRollout` plus two columns (the scenario id, the seller's own utility of its
-first offer); the trainer comes from :func:`nego.training.grpo.build_trainer`, so everything but the reward is
-the wiring of ``nego train``. Along the way it records the plumbing checks: reward rows that belong to another
-prompt than the one TRL scored them for, and the gap between the log-probabilities the rollout recorded for
-the seller's own tokens and the ones the trained model computes for the same ids.
+:class:`~nego.training.rollout.MarketRollout` through the episode runner, scored by the sanity reward instead of
+the outcome; the trainer comes from :func:`nego.training.grpo.build_trainer`, so everything but the reward is the
+wiring of ``nego train``. Along the way it records the plumbing checks: reward rows that belong to another prompt
+than the one TRL scored them for, and the gap between the log-probabilities the rollout recorded for the seller's
+own tokens and the ones the trained model computes for the same ids.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nego.market.types import ActionKind
+from nego.market.marketplace import Job, Scorer
+from nego.market.types import ActionKind, NegotiationResult
 from nego.scenarios.scenario import Role
 
-from .config import TrainConfig
-from .rewards import RewardFunc, outcome_reward
-from .rollout import Episode, MarketRollout, play, to_hook_dict
+from .config import TrainConfig, no_deal_value
+from .rewards import outcome_scorer
+from .rollout import MarketRollout
 
 REWARDS = ("first-offer", "outcome")
 OPENERS = (Role.SELLER,)
@@ -55,12 +56,40 @@ class SanityRun:
         return [float(row["reward"]) for row in self.logs]
 
 
-def first_offer_utility(episode: Episode) -> float | None:
+def first_offer_utility(job: Job, result: NegotiationResult) -> float | None:
     """Own utility of the seller's first move if it is a valid offer, else None."""
-    first = next((t for t in episode.result.turns if t.role is Role.SELLER), None)
+    first = next((t for t in result.turns if t.role is Role.SELLER), None)
     if first is None or not first.valid or first.action.kind is not ActionKind.OFFER or first.action.offer is None:
         return None
-    return episode.scenario.view_for(Role.SELLER).utility(first.action.offer)
+    return job.scenario.view_for(Role.SELLER).utility(first.action.offer)
+
+
+def sanity_scorer(kind: str, cfg: TrainConfig) -> Scorer:
+    """``first-offer``: 1 - own utility of the first offer, and ``NO_OFFER_REWARD`` when the first move is not a
+    valid offer (below every valid opening, so that giving up on offering is never a way up the reward);
+    ``outcome``: the training reward."""
+    if kind not in REWARDS:
+        raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {kind!r}")
+    if kind == "outcome":
+        return outcome_scorer(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty)
+
+    def score(job: Job, result: NegotiationResult) -> float:
+        u = first_offer_utility(job, result)
+        return NO_OFFER_REWARD if u is None else 1.0 - u
+
+    return score
+
+
+def checked_reward(checks: SanityChecks, group: int) -> Callable[..., list[float]]:
+    """TRL's reward function, counting rows whose episode was played on another scenario than TRL's prompt."""
+
+    def reward(prompts: Sequence[Any], completions: Sequence[Any], *, reward, scenario_id, **_: Any) -> list[float]:
+        checks.misaligned.append(sum(str(p) != s for p, s in zip(prompts, scenario_id, strict=True)))
+        r = [float(x) for x in reward]
+        checks.group_std.append(float(np.array(r).reshape(-1, group).std(1).mean()))
+        return r
+
+    return reward
 
 
 def logprob_gap(model: Any, hook: dict[str, list], temperature: float, n: int = 4) -> float:
@@ -79,41 +108,16 @@ def logprob_gap(model: Any, hook: dict[str, list], temperature: float, n: int = 
 
 
 def sanity_rollout_cls(checks: SanityChecks) -> type[MarketRollout]:
-    """A MarketRollout that adds ``scenario_id`` and ``first_offer_u`` columns and records the log-prob gap."""
-    from nego.agents.compact import CompactPolicy
+    """A MarketRollout that records the log-prob gap of every batch."""
 
     class SanityRollout(MarketRollout):
-        def rollout(self, model, trainer, scenarios, buyers, seeds):
-            policy = CompactPolicy(model, self.tokenizer)
-            temperature = float(trainer.temperature)
-            episodes = asyncio.run(play(policy, scenarios, buyers, seeds, temperature))
-            hook = to_hook_dict(episodes, policy, self.max_tokens)
-            hook["scenario_id"] = [ep.scenario.id for ep in episodes]
-            hook["first_offer_u"] = [first_offer_utility(ep) for ep in episodes]
-            checks.logprob_gap.append(logprob_gap(model, hook, temperature))
+        def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
+            hook = super().__call__(prompts, trainer)
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            checks.logprob_gap.append(logprob_gap(model, hook, float(trainer.temperature)))
             return hook
 
     return SanityRollout
-
-
-def sanity_reward(kind: str, checks: SanityChecks, group: int, invalid_penalty: float) -> RewardFunc:
-    """``first-offer``: 1 - own utility of the first offer, and ``NO_OFFER_REWARD`` when the first move is not a valid
-    offer (below every valid opening, so that giving up on offering is never a way up the reward);
-    ``outcome``: the training reward. Both count rows whose episode was played on another scenario."""
-    if kind not in REWARDS:
-        raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {kind!r}")
-
-    def reward(prompts, completions, *, scenario_id, first_offer_u, **kw) -> list[float]:
-        checks.misaligned.append(sum(str(p) != s for p, s in zip(prompts, scenario_id, strict=True)))
-        if kind == "first-offer":
-            r = [NO_OFFER_REWARD if u is None else 1.0 - u for u in first_offer_u]
-        else:
-            cols = zip(kw["seller_utility"], kw["agreed"], kw["reservation"], kw["invalid_seller"], strict=True)
-            r = [outcome_reward(u, a, res, k, None, invalid_penalty) for u, a, res, k in cols]
-        checks.group_std.append(float(np.array(r).reshape(-1, group).std(1).mean()))
-        return r
-
-    return reward
 
 
 def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
@@ -140,19 +144,20 @@ def run_sanity(cfg: TrainConfig, model: Any, tok: Any, kind: str) -> SanityRun:
     from .rollout import split_scenarios
 
     checks = SanityChecks()
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer, *_ = grpo.build_trainer(
+    with tempfile.TemporaryDirectory() as tmp, grpo.open_runner(cfg, Path(tmp), sanity_scorer(kind, cfg)) as runner:
+        parts = grpo.build_trainer(
             cfg,
             copy.deepcopy(model),
             tok,
             Path(tmp),
             lambda s: None,
             time.perf_counter(),
-            reward_func=sanity_reward(kind, checks, cfg.group_size, cfg.invalid_penalty),
+            runner,
             rollout_cls=sanity_rollout_cls(checks),
             scenarios=split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS),
+            reward_func=checked_reward(checks, cfg.group_size),
         )
         t0 = time.perf_counter()
-        trainer.train()
+        parts.trainer.train()
         seconds = time.perf_counter() - t0
-    return SanityRun([row for row in trainer.state.log_history if "reward" in row], checks, seconds)
+    return SanityRun([row for row in parts.trainer.state.log_history if "reward" in row], checks, seconds)

@@ -7,21 +7,25 @@ see different rewards instead of identical ones.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from nego.agents.compact import CompactTrace, action_words, parse_action
 from nego.agents.registry import resolve
-from nego.market.protocol import Negotiator, run_negotiation
-from nego.market.types import Action, Observation
+from nego.market.marketplace import Job
+from nego.market.protocol import Negotiator
+from nego.market.types import Action, NegotiationResult, Observation
 from nego.scenarios.scenario import Role, Scenario
 
 from .pool import BuyerPool
+from .runner import EpisodeRunner
+
+if TYPE_CHECKING:
+    from nego.market.transcripts import TranscriptWriter
 
 
 class RecordingSeller:
@@ -37,28 +41,48 @@ class RecordingSeller:
         self.trace.add(words, own=True)
         return parse_action(obs.scenario, words)
 
+    def record(self, result: NegotiationResult) -> CompactTrace:
+        self.trace.finish(result.outcome)
+        return self.trace
 
-async def _record(scenarios: Sequence[Scenario], sellers: Sequence[str], pool: BuyerPool, seed: int) -> list:
-    rng = np.random.default_rng([seed, 1])
-    jobs = []
-    for sc in scenarios:
-        s = int(rng.integers(2**31))
-        seller = RecordingSeller(resolve(sellers[int(rng.integers(len(sellers)))])(Role.SELLER, s))
-        jobs.append((sc, seller, pool.factory(rng)(Role.BUYER, s), s))
-    results = await asyncio.gather(*(run_negotiation(sc, se, b, seed=s) for sc, se, b, s in jobs))
-    traces = []
-    for (_, seller, _, _), res in zip(jobs, results, strict=True):
-        seller.trace.finish(res.outcome)
-        traces.append(seller.trace)
-    return traces
+
+@dataclass(frozen=True, slots=True)
+class RecordingFactory:
+    """A rule-based spec whose sellers are recorded in the compact protocol (its buyers play unchanged)."""
+
+    spec: str
+    kind: str = "rule"
+
+    def __call__(self, role: Role, seed: int) -> Negotiator:
+        inner = resolve(self.spec)(role, seed)
+        return RecordingSeller(inner) if Role(role) is Role.SELLER else inner
+
+
+WARM_START_ARM = "warm-start"
 
 
 def record_transcripts(
-    scenarios: Sequence[Scenario], n: int, sellers: Sequence[str], pool: BuyerPool, seed: int
+    scenarios: Sequence[Scenario],
+    n: int,
+    sellers: Sequence[str],
+    pool: BuyerPool,
+    seed: int,
+    writer: TranscriptWriter | None = None,
 ) -> list[CompactTrace]:
-    """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``."""
-    chosen = [scenarios[i % len(scenarios)] for i in range(n)]
-    return asyncio.run(_record(chosen, sellers, pool, seed))
+    """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``, played by
+    the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given)."""
+    rng = np.random.default_rng([seed, 1])
+    canonical = {s: resolve(s).spec for s in sellers}
+    jobs = []
+    for i in range(n):
+        seller = canonical[sellers[int(rng.integers(len(sellers)))]]
+        buyer = pool.draw(rng)
+        job_seed = int(rng.integers(2**31))
+        sc = scenarios[i % len(scenarios)]
+        jobs.append(Job(sc, seller, buyer, job_seed, f"warm-{i:06d}", "warm-start", WARM_START_ARM))
+    with EpisodeRunner({s: RecordingFactory(s) for s in canonical.values()}, writer=writer) as runner:
+        played = runner.play(jobs)
+    return [p.seller_record for p in played]
 
 
 @dataclass(frozen=True, slots=True)

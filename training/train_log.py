@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from .evaluate import DevEvaluation
 from .rollout import RolloutStats
 
 COLLAPSE_ENTROPY_RATIO = 0.3
@@ -41,7 +42,7 @@ class TrainObserver(Protocol):
 
     def on_step(self, row: Mapping[str, Any]) -> None: ...
 
-    def on_dev(self, step: int, dev: Mapping[str, Mapping[str, float]]) -> None: ...
+    def on_dev(self, dev: DevEvaluation) -> None: ...
 
 
 class TrainLog:
@@ -84,12 +85,12 @@ class TrainLog:
             self.observer.on_step(row)
         return row
 
-    def add_eval(self, step: int, dev: dict[str, dict[str, float]]) -> None:
-        for buyer, summary in dev.items():
-            self.rows.append({"step": step, "dev_buyer": buyer, **{f"dev_{k}": v for k, v in summary.items()}})
+    def add_eval(self, dev: DevEvaluation) -> None:
+        for buyer, summary in dev.summary().items():
+            self.rows.append({"step": dev.step, "dev_buyer": buyer, **{f"dev_{k}": v for k, v in summary.items()}})
         self.write()
         if self.observer is not None:
-            self.observer.on_dev(step, dev)
+            self.observer.on_dev(dev)
 
     def write(self) -> None:
         import polars as pl

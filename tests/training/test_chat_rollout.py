@@ -12,12 +12,14 @@ from nego.agents.model_registry import lookup, register
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
 from nego.agents.prompts import DEFAULT_TEMPLATE
 from nego.agents.registry import resolve
+from nego.market.marketplace import Job
 from nego.market.protocol import run_negotiation
 from nego.scenarios.scenario import Role
 from nego.training import grpo
-from nego.training.chat_rollout import ChatPolicy, TemplateError, play_chat, user_suffix_ids
+from nego.training.chat_rollout import ChatFactory, ChatPolicy, TemplateError, user_suffix_ids
 from nego.training.config import TrainConfig
 from nego.training.rollout import split_scenarios
+from nego.training.runner import EpisodeRunner
 
 pytestmark = pytest.mark.slow
 CHAT = (
@@ -68,10 +70,12 @@ def test_turns_are_concatenated_and_only_the_sellers_ids_are_trained(tmp_path):
     suffix = user_suffix_ids(tok, "Rounds left: 2")
     assert tok.decode(suffix).startswith("\n<|im_start|>user\nRounds left: 2<|im_end|>\n<|im_start|>assistant\n")
     policy = ChatPolicy(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), tok, max_new=6)
-    scenarios = split_scenarios("dev", 2, 3)
-    played = asyncio.run(play_chat(policy, scenarios, [resolve("tft")] * 2, [1, 2], 1.0))
+    jobs = [Job(sc, "learner", "tft", seed) for sc, seed in zip(split_scenarios("dev", 2, 3), [1, 2], strict=True)]
+    with EpisodeRunner({"learner": ChatFactory("learner", policy, 1.0)}) as runner:
+        played = [(r.trace, r.result) for r in runner.rollouts(jobs)]
     for trace, result in played:
-        assert len(trace.ids) == len(trace.mask) == len(trace.logprobs) and trace.ids[-1] == policy.eos_id
+        ids = trace.completion_ids
+        assert len(ids) == len(trace.mask) == len(trace.logprobs) and ids[-1] == policy.eos_id
         own_turns = sum(1 for t in result.turns if t.role.value == "seller")
         runs, cur = [], None
         for i, m in enumerate(trace.mask):
@@ -80,8 +84,8 @@ def test_turns_are_concatenated_and_only_the_sellers_ids_are_trained(tmp_path):
                 cur = m
         assert sum(1 for m, _ in runs if m == 1) == own_turns  # one trained run per seller turn
         for m, start in runs:
-            if m == 0 and start + 1 < len(trace.ids):  # environment runs are closing tokens + a user turn
-                assert "<|im_start|>user" in tok.decode(trace.ids[start:]) or trace.ids[start] == policy.eos_id
+            if m == 0 and start + 1 < len(ids):  # environment runs are closing tokens + a user turn
+                assert "<|im_start|>user" in tok.decode(ids[start:]) or ids[start] == policy.eos_id
 
 
 def test_a_non_prefix_preserving_template_is_refused(tmp_path):

@@ -9,19 +9,23 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 import pytest
-from nego.agents.compact import OPP, CompactPolicy, make_factory, offer_levels
+from nego.agents.compact import OPP, CompactFactory, CompactPolicy, make_factory, offer_levels
 from nego.agents.model_registry import lookup
 from nego.agents.registry import resolve
+from nego.market.marketplace import Job
 from nego.market.protocol import run_negotiation
+from nego.market.transcripts import read_negotiations
 from nego.market.types import ActionKind
 from nego.scenarios.scenario import Role
 from nego.training import grpo
 from nego.training.config import TrainConfig
 from nego.training.rewards import outcome_reward
-from nego.training.rollout import MarketRollout, play, split_scenarios, to_hook_dict
+from nego.training.rollout import MarketRollout, split_scenarios, to_trl
+from nego.training.runner import EpisodeRunner
 
 pytestmark = pytest.mark.slow
 HOOKS: list[dict] = []
+ROLLOUTS: list[list] = []
 
 
 class RecordingObserver:
@@ -32,8 +36,8 @@ class RecordingObserver:
     def on_step(self, row):
         self.rows.append(dict(row))
 
-    def on_dev(self, step, dev):
-        self.dev.append(step)
+    def on_dev(self, dev):
+        self.dev.append(dev.step)
 
 
 OBSERVER = RecordingObserver()
@@ -43,6 +47,7 @@ class RecordingRollout(MarketRollout):
     def __call__(self, prompts, trainer):
         out = super().__call__(prompts, trainer)
         HOOKS.append(out)
+        ROLLOUTS.append(list(self.last))
         return out
 
 
@@ -97,9 +102,10 @@ def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
     policy = CompactPolicy(build_tiny_model(tok), tok)
     scenarios = [widget_scenario, *split_scenarios("dev", 3, 5)]  # the second dev scenario is opened by the buyer
     assert scenarios[2].opener is Role.BUYER
-    buyers = [resolve("timedep:e=1")] * 4
-    episodes = asyncio.run(play(policy, scenarios, buyers, [1, 2, 3, 4], temperature=1.0))
-    hook = to_hook_dict(episodes, policy, 1024)
+    jobs = [Job(sc, "learner", "timedep:e=1", seed) for sc, seed in zip(scenarios, [1, 2, 3, 4], strict=True)]
+    with EpisodeRunner({"learner": CompactFactory("learner", policy, 1.0)}) as runner:
+        episodes = runner.rollouts(jobs)
+    hook = to_trl([r.sample for r in episodes], 1024)
     for i, ep in enumerate(episodes):
         ids, mask = hook["completion_ids"][i], hook["env_mask"][i]
         words = [policy.words[t] for t in ids]
@@ -107,7 +113,7 @@ def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
         seller_said = [w for t in ep.result.turns if t.role is Role.SELLER for w in t.action.raw.split()]
         assert [w for w, m in zip(words, mask, strict=True) if m] == seller_said  # token by token, in order
         env = [w for w, m in zip(words, mask, strict=True) if not m]
-        view = ep.scenario.view_for(Role.SELLER)
+        view = ep.job.scenario.view_for(Role.SELLER)
         last_seller = max(t.index for t in ep.result.turns if t.role is Role.SELLER)
         buyer_offers = [
             t.action.offer
@@ -122,22 +128,57 @@ def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
 
 def test_rewards_reach_the_trainer_from_the_structured_outcome(run):
     cfg, result = run
-    assert len(HOOKS) == cfg.steps
+    assert len(HOOKS) == len(ROLLOUTS) == cfg.steps
     log = pl.read_parquet(result.run_dir / "train_log.parquet").filter(pl.col("reward_mean").is_not_null())
-    for hook, logged in zip(HOOKS, log["reward_mean"].to_list(), strict=True):
+    for hook, rollouts, logged in zip(HOOKS, ROLLOUTS, log["reward_mean"].to_list(), strict=True):
         assert len(hook["prompt_ids"]) == cfg.group_size * cfg.scenarios_per_step
-        expected = [
-            outcome_reward(u, a, r, k, None, cfg.invalid_penalty)
-            for u, a, r, k in zip(
-                hook["seller_utility"], hook["agreed"], hook["reservation"], hook["invalid_seller"], strict=True
-            )
-        ]
+        expected = []
+        for r in rollouts:
+            o = r.result.outcome
+            reservation = r.job.scenario.seller.reservation
+            expected.append(outcome_reward(o.seller_utility, o.agreed, reservation, o.invalid_seller, None, 0.1))
+        assert hook["reward"] == pytest.approx(expected)
         assert logged == pytest.approx(np.mean(expected), abs=1e-5)
-        specs, g = hook["buyer_spec"], cfg.group_size
+        specs, g = [r.job.buyer for r in rollouts], cfg.group_size
         assert all(len(set(specs[i : i + g])) == 1 for i in range(0, len(specs), g))  # one buyer per group
     assert {"deal_rate", "invalid_rate", "entropy", "identical_group_share", "tokens_per_s", "collapse"} <= set(
         log.columns
     )
+
+
+def test_training_transcripts_hold_exactly_the_rollouts_the_trainer_scored(run):
+    cfg, result = run
+    rows = read_negotiations(result.run_dir / "transcripts").filter(pl.col("arm") == "train").sort("step", "group")
+    played = [r for batch in ROLLOUTS for r in batch]
+    assert rows.height == len(played) == cfg.steps * cfg.scenarios_per_step * cfg.group_size
+    by_id = {r["negotiation_id"]: r for r in rows.iter_rows(named=True)}
+    for r, reward in zip(played, [x for h in HOOKS for x in h["reward"]], strict=True):
+        row = by_id[r.job.negotiation_id]
+        assert (row["step"], row["group"], row["policy_version"]) == (r.job.step, r.job.group, r.job.step)
+        assert row["reward"] == pytest.approx(reward) and row["seller_utility"] == r.result.outcome.seller_utility
+        assert row["seller"] == "tiny-rl" and row["buyer"] == r.job.buyer and row["seed"] == r.job.seed
+    assert sorted(set(rows["step"].to_list())) == list(range(cfg.steps))
+    dev = read_negotiations(result.run_dir / "transcripts").filter(pl.col("arm") == "dev")
+    assert sorted(set(dev["step"].to_list())) == [0, cfg.steps]  # the base and the final evaluation
+    warm = read_negotiations(result.run_dir / "transcripts").filter(pl.col("arm") == "warm-start")
+    assert warm.height == cfg.sft_episodes
+
+
+def test_a_training_negotiation_replays_exactly_through_the_market(run):
+    """The first step was played by the warm start (policy version 0), registered as `tiny`: its recorded job,
+    handed to the marketplace that `nego simulate` uses, plays the same negotiation turn for turn."""
+    _, result = run
+    from nego.market.marketplace import run_jobs
+    from nego.market.transcripts import read_turns
+
+    first = ROLLOUTS[0]
+    jobs = [replace(r.job, seller="tiny") for r in first]
+    replayed = run_jobs(resolve, jobs)
+    turns = read_turns(result.run_dir / "transcripts")
+    for r, again in zip(first, replayed, strict=True):
+        assert again.outcome == r.result.outcome
+        recorded = turns.filter(pl.col("negotiation_id") == r.job.negotiation_id)
+        assert [t.action.raw for t in again.turns] == recorded["raw"].to_list()
 
 
 def test_parameters_change_and_models_are_registered(run):
@@ -178,3 +219,9 @@ def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
     a, b = _weights(result.run_dir / "final"), _weights(copy / "final")
     for k in a:
         assert np.allclose(a[k].numpy(), b[k].numpy(), atol=1e-6), k
+    # the killed run's step-2 rollouts were dropped and played again: same ids, no duplicates, same rewards
+    before = read_negotiations(result.run_dir / "transcripts").filter(pl.col("arm") == "train")
+    after = read_negotiations(copy / "transcripts").filter(pl.col("arm") == "train")
+    assert after["negotiation_id"].n_unique() == after.height == before.height
+    key = ["negotiation_id", "reward", "seller_utility"]
+    assert after.sort("negotiation_id").select(key).equals(before.sort("negotiation_id").select(key))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from nego.training.config import TrainConfig
-from nego.training.sanity import SanityChecks, run_sanity, sanity_reward, warm_start
+from nego.training.sanity import SanityChecks, checked_reward, run_sanity, sanity_scorer, warm_start
 
 pytestmark = pytest.mark.slow
 
@@ -70,11 +70,33 @@ def test_rise_detects_a_collapse_and_accepts_a_noisy_climb():
     assert rise(collapse)[1] < 2.0
 
 
-def test_sanity_reward_counts_rows_played_on_another_scenario():
+def test_the_checked_reward_counts_rows_played_on_another_scenario():
     checks = SanityChecks()
-    reward = sanity_reward("first-offer", checks, group=2, invalid_penalty=0.0)
-    out = reward(["a", "a", "b", "b"], [""] * 4, scenario_id=["a", "b", "b", "a"], first_offer_u=[0.9, None, 0.5, 1.0])
+    reward = checked_reward(checks, group=2)
+    out = reward(["a", "a", "b", "b"], [""] * 4, reward=[0.1, -1.0, 0.5, 0.0], scenario_id=["a", "b", "b", "a"])
     assert out == pytest.approx([0.1, -1.0, 0.5, 0.0])
     assert checks.misaligned == [2]
     with pytest.raises(ValueError, match="reward must be one of"):
-        sanity_reward("nope", checks, 2, 0.0)
+        sanity_scorer("nope", TrainConfig())
+
+
+def test_the_first_offer_reward_puts_a_missing_opening_below_every_valid_one(widget_scenario):
+    from nego.market.marketplace import Job
+    from nego.market.types import Action, EndReason, NegotiationResult, Outcome, Turn
+    from nego.scenarios.scenario import Role
+
+    score = sanity_scorer("first-offer", TrainConfig())
+    job = Job(widget_scenario, "s", "b", 0)
+    view = widget_scenario.view_for(Role.SELLER)
+    best = max((dict(zip([i.name for i in view.issues], vs, strict=True)) for vs in _grid(view)), key=view.utility)
+    end = Outcome(EndReason.DEADLINE, None, 0.3, 0.3, 1, 1)
+    offered = NegotiationResult("x", 0, end, (Turn(0, 1, Role.SELLER, 0, Action.make_offer(best), True),))
+    walked = NegotiationResult("x", 0, end, (Turn(0, 1, Role.SELLER, 0, Action.walk_away(), True),))
+    assert score(job, offered) == pytest.approx(1.0 - view.utility(best)) and score(job, walked) == -1.0
+    assert score(job, walked) < score(job, offered)
+
+
+def _grid(view):
+    import itertools
+
+    return itertools.product(*(i.grid() for i in view.issues))
