@@ -153,18 +153,19 @@ class Marketplace:
             raise ValueError(f"duplicate negotiation id {dup!r}: give jobs with equal content distinct ids")
         for spec in {s for j in jobs for s in (j.seller, j.buyer)}:
             self.factory(spec)  # fail before playing anything if a spec is unknown
-        attempts = self.writer.attempts() if self.writer is not None else {}
-        done = {i for i, (_, ok) in attempts.items() if ok}
+        writer = self.writer
+        # the writer's index answers per job, so a run costs O(jobs) however much the directory already holds
+        previous = {j.negotiation_id: writer.latest(j.negotiation_id) for j in jobs} if writer is not None else {}
         counts = _Counts()
         global_slots = asyncio.Semaphore(self.concurrency)
         kind_slots = {k: asyncio.Semaphore(n) for k, n in self.per_kind.items()}
 
         async def one(job: Job) -> NegotiationResult | None:
-            if job.negotiation_id in done:
+            before = previous.get(job.negotiation_id)
+            if before is not None and before.ok:
                 counts.skipped += 1
                 return None
-            previous = attempts.get(job.negotiation_id)
-            attempt = 0 if previous is None else previous[0] + 1
+            attempt = 0 if before is None else before.number + 1
             return await self._play(job, attempt, global_slots, kind_slots, counts)
 
         try:
@@ -172,11 +173,9 @@ class Marketplace:
         finally:
             if self.writer is not None:
                 self.writer.flush()
-        if counts.skipped:
-            from .transcripts import load_results
-
+        if counts.skipped and writer is not None:
             pending = [j.negotiation_id for j, r in zip(jobs, results, strict=True) if r is None]
-            stored = load_results(self.writer.directory, pending)
+            stored = writer.load_results(pending)
             results = [stored[j.negotiation_id] if r is None else r for j, r in zip(jobs, results, strict=True)]
         if self.bus is not None and self.bus.active:
             wall = time.perf_counter() - counts.started

@@ -9,11 +9,16 @@ agreed value of an issue named ``quantity`` (or ``units``/``volume``/``qty``) if
 capped by the seller's inventory and the buyer's demand. If the scenario has an issue named ``price`` (or
 ending in ``_price``) it is read as a unit price: the buyer pays ``units * price``, and buys fewer units when
 its budget does not cover them. Without a price issue, goods change hands but no money is counted.
+
+Resuming with a writer: the negotiations of this run already completed on disk are read once per run, and a
+pair whose slot (day, pair, seller, buyer, seed and scenario) is among them is settled from its stored outcome
+without building its job, so a finished run neither plays nor regenerates anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,12 +32,13 @@ from nego.scenarios.scenario import Scenario
 from .events import DayEnded, DayStarted, EventBus
 from .marketplace import FactorySource, Job, Marketplace
 from .protocol import ProtocolConfig
-from .types import EndReason, NegotiationResult, Offer
+from .types import EndReason, Offer, Outcome
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 QUANTITY_ISSUES = ("quantity", "units", "volume", "qty")
 
@@ -192,6 +198,7 @@ class MarketModel(mesa.Model):
         self.day_stats: list[dict[str, float | int | None]] = []
         """One row per played day (see :data:`DAY_SCHEMA`)."""
         self._runner: asyncio.Runner | None = None
+        self._stored: StoredSlots | None = None
         self.running = self.can_match()
 
     @property
@@ -215,24 +222,37 @@ class MarketModel(mesa.Model):
         self.random.shuffle(buyers)
         return list(zip(sellers, buyers, strict=False))
 
-    def _scenario(self) -> Scenario:
+    def _draw(self) -> int:
+        """The model's next scenario draw: a generator seed, or an index into the scenario list."""
+        source = self._scenarios
+        return int(self.rng.integers(2**31 if source is None or callable(source) else len(source)))
+
+    def _scenario(self, draw: int) -> Scenario:
         source = self._scenarios
         if source is None:
             from nego.scenarios.generator import generate_scenario
 
             source = generate_scenario
         if callable(source):
-            scenario = source(int(self.rng.integers(2**31)))
+            scenario = source(draw)
             check_tradeable(scenario)
             return scenario
-        return source[int(self.rng.integers(len(source)))]
+        return source[draw]
 
-    def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[Job]:
-        jobs = []
+    def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[Job | Outcome]:
+        """Per pair, in pair order: the job to play, or the outcome stored by an earlier run of the same slot."""
+        if self._stored is None:
+            writer = self.market.writer
+            self._stored = StoredSlots(writer.completed_rows(self.run_id) if writer is not None else None)
+        plan: list[Job | Outcome] = []
         for i, (s, b) in enumerate(pairs):
             seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
-            jobs.append(Job(self._scenario(), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i))
-        return jobs
+            draw = self._draw()
+            stored = self._stored.outcome(day, i, s.spec, b.spec, seed, draw, self._scenarios)
+            if stored is None:
+                stored = Job(self._scenario(draw), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
+            plan.append(stored)
+        return plan
 
     def step(self) -> None:
         """Play one market day (Mesa has already advanced ``self.steps``, which is the day number)."""
@@ -245,17 +265,16 @@ class MarketModel(mesa.Model):
             self.bus.publish(DayStarted(day, len(pairs)))
         if self._runner is None:
             self._runner = asyncio.Runner()  # one loop for the model's life: async clients keep their pools
-        results = self._runner.run(self.market.run(self._jobs(day, pairs)))
-        self._record(day, pairs, results)
+        plan = self._plan(day, pairs)
+        jobs = [p for p in plan if isinstance(p, Job)]
+        played = iter(self._runner.run(self.market.run(jobs)) if jobs else ())
+        self._record(day, pairs, [next(played).outcome if isinstance(p, Job) else p for p in plan])
         self.running = day < self.days and self.can_match()
 
-    def _record(
-        self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], results: Sequence[NegotiationResult]
-    ) -> None:
+    def _record(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], outcomes: Sequence[Outcome]) -> None:
         units, revenue, deals, errors = 0, 0.0, 0, 0
         utilities: list[tuple[float, float]] = []
-        for (seller, buyer), result in zip(pairs, results, strict=True):  # pair order, never completion order
-            o = result.outcome
+        for (seller, buyer), o in zip(pairs, outcomes, strict=True):  # pair order, never completion order
             if o.end_reason is EndReason.ERROR:
                 errors += 1
                 continue
@@ -335,3 +354,55 @@ class MarketModel(mesa.Model):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StoredSlots:
+    """The completed negotiations of one run, by slot, as a resumed :class:`MarketModel` reads them (once).
+
+    A stored negotiation stands for a pair only if everything that defines it matches: day, pair, seller and
+    buyer specs, seed, and the scenario. A scenario from a list is compared by content hash. A generated scenario
+    is matched by the recipe in its id (the draw is its generator seed), once the generator has been checked to
+    still make, for one stored draw, the very scenario that was played; any other scenario source is played
+    through the marketplace, which skips what is done by negotiation id.
+    """
+
+    def __init__(self, rows: pl.DataFrame | None) -> None:
+        cols = ("day", "pair", "seller", "buyer", "seed")
+        self._rows: dict[tuple, dict[str, Any]] = {}
+        if rows is not None:
+            self._rows = {tuple(r[c] for c in cols): r for r in rows.iter_rows(named=True)}
+        self._generator_ok: bool | None = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def outcome(
+        self, day: int, pair: int, seller: str, buyer: str, seed: int, draw: int, source: ScenarioSource | None
+    ) -> Outcome | None:
+        """The stored outcome of this slot, or None if it has to be played."""
+        row = self._rows.get((day, pair, seller, buyer, seed))
+        if row is None or not self._same_scenario(row, draw, source):
+            return None
+        from .transcripts import outcome_from_row
+
+        return outcome_from_row(row)
+
+    def _same_scenario(self, row: dict[str, Any], draw: int, source: ScenarioSource | None) -> bool:
+        from .marketplace import scenario_hash
+
+        if source is not None:
+            return not callable(source) and scenario_hash(source[draw]) == row["scenario_hash"]
+        from nego.scenarios.generator import GeneratedId, generate_scenario
+
+        recipe = GeneratedId.parse(row["scenario_id"])
+        if recipe is None or (recipe.seed, recipe.index, recipe.opposition, recipe.zopa) != (draw, 0, None, True):
+            return False
+        if self._generator_ok is None:
+            self._generator_ok = scenario_hash(generate_scenario(draw)) == row["scenario_hash"]
+            if not self._generator_ok:
+                logger.warning(
+                    "the scenario generator no longer makes the scenarios this run played (draw %d): stored "
+                    "negotiations are not reused and every pair is played again",
+                    draw,
+                )
+        return self._generator_ok
