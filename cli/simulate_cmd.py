@@ -64,11 +64,18 @@ class SimulateConfig:
     """Model agents' settings (the shared ``--base-url``, ``--template``, ... options)."""
 
     def __post_init__(self) -> None:
-        for name in ("days", "negotiations", "inventory", "demand", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_retries < 0 or self.threads < 0:
-            raise ValueError("--max-retries and --threads must be >= 0")
+        least = {
+            "days": 1,
+            "negotiations": 1,
+            "inventory": 1,
+            "demand": 1,
+            "concurrency": 1,
+            "max_retries": 0,
+            "threads": 0,
+        }
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if not self.sellers or not self.buyers:
             raise ValueError("give at least one seller spec and one buyer spec")
 
