@@ -140,7 +140,7 @@ def run(size: str, mode: str, args) -> dict:
 
         peft = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     gcfg = GRPOConfig(
-        output_dir=f"/tmp/gpu_train_{size}_{mode}",
+        out=f"/tmp/gpu_train_{size}_{mode}",
         max_steps=args.steps,
         per_device_train_batch_size=args.batch,
         num_generations=args.group,

@@ -3,25 +3,22 @@ Markdown report, and a size x learning-rate study."""
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import polars as pl
 import typer
+from nego.agents.threads import set_threads
+from nego.evaluation.config import EvalConfig, SweepConfig
 from rich.console import Console
 from rich.table import Table
 
-from .options import (
-    BaseUrl,
-    MaxTokens,
-    ModelOptions,
-    PerKind,
-    Prices,
-    Temperature,
-    Template,
-    Tools,
-    parse_per_kind,
-    parse_specs,
-)
+from .config_options import config_options, given_values, parameters, signature
+from .errors import exit_for_errors
+from .options import model_parameters, take_model_options
+from .tables import Layout
 
 
 def _console() -> Console:
@@ -30,86 +27,58 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=max(console.width, 140))
 
 
-def summary_table(comparisons, title: str) -> Table:
-    """The rich summary: per buyer group and arm, score with interval, deal rate, gain over base with p-values."""
-    from nego.evaluation.report import format_interval, format_p
+def summary_tables(comparisons: pl.DataFrame, width: int) -> list[Table]:
+    """The rich summary, one table per buyer group (the pooled suite first): per arm, score with interval, deal
+    rate, gain over base with p-values. Arm and buyer names are never cut; the tables share their column widths;
+    on a terminal too narrow for all columns the scenario count, then the unadjusted p-value are left out."""
+    from nego.evaluation.report import format_p
+    from nego.evaluation.runner import SUITE_GROUP
 
-    table = Table(title=title, title_justify="left")
-    for name, justify in (
-        ("buyers", "left"),
-        ("arm", "left"),
-        ("n", "right"),
-        ("scenarios", "right"),
-        ("score [95% CI]", "left"),
-        ("deal", "right"),
-        ("gain vs base [95% CI]", "left"),
-        ("p", "right"),
-        ("p Holm", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name not in ("buyers", "arm"))
-    previous = None
-    for r in comparisons.iter_rows(named=True):
-        if previous is not None and r["group"] != previous:
-            table.add_section()
-        previous = r["group"]
-        table.add_row(
-            r["group"],
+    if comparisons.is_empty():  # no arm had a negotiation without error
+        return []
+    headers = ("arm", "n", "scenarios", "score [95% CI]", "deal", "gain vs base [95% CI]", "p", "p Holm")
+    rows = [
+        (
             r["arm"],
             str(r["n"]),
             str(r["clusters"]),
-            format_interval(r["score"], r["score_low"], r["score_high"]),
+            _interval(r["score"], r["score_low"], r["score_high"]),
             f"{r['deal_rate']:.2f}",
-            format_interval(r["gain"], r["gain_low"], r["gain_high"], signed=True),
+            _interval(r["gain"], r["gain_low"], r["gain_high"], signed=True),
             format_p(r["p_value"]),
             format_p(r["p_holm"]),
         )
-    return table
+        for r in comparisons.iter_rows(named=True)
+    ]
+    layout = Layout.of(headers, rows).fit(width, optional=("scenarios", "p"))
+    tables = []
+    for group in comparisons["group"].unique(maintain_order=True):
+        title = "suite (held-out buyers pooled)" if group == SUITE_GROUP else f"buyer {group}"
+        indices = [i for i, g in enumerate(comparisons["group"]) if g == group]
+        tables.append(layout.table(title, indices, title_justify="left"))
+    return tables
 
 
-def eval_(
-    sellers: Annotated[str, typer.Option(help="Seller specs, comma-separated; the first is the base arm.")],
-    suite: Annotated[str, typer.Option(help="Suite: eval-1152, eval-dev, or a suite JSON file.")] = "eval-1152",
-    buyers: Annotated[
-        str | None, typer.Option(help="Two buyer specs replacing the held-out defaults (walker,picky).")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Run directory (resumes if it exists). Default runs/eval/SUITE.")
-    ] = None,
-    concurrency: Annotated[int, typer.Option(help="Negotiations in flight at once.")] = 64,
-    diagnostic: Annotated[str, typer.Option(help="Extra diagnostic buyer; 'none' to skip.")] = "hardliner",
-    resamples: Annotated[int, typer.Option(help="Bootstrap and permutation resamples (>= 1000).")] = 10_000,
-    seed: Annotated[int, typer.Option(help="Seed of the resampling.")] = 0,
-    gap: Annotated[bool, typer.Option(help="Compute the optimality gap against rule-based buyers.")] = True,
-    per_kind: PerKind = None,
-    base_url: BaseUrl = None,
-    template: Template = None,
-    tools: Tools = None,
-    temperature: Temperature = None,
-    max_tokens: MaxTokens = None,
-    prices: Prices = None,
-) -> None:
+def _interval(mean: float | None, low: float | None, high: float | None, signed: bool = False) -> str:
+    """'0.512 [0.498,0.527]': on a narrow terminal the interval wraps onto its own line, whole."""
+    from nego.evaluation.report import format_interval
+
+    return format_interval(mean, low, high, signed).replace(", ", ",")
+
+
+def eval_(**values: Any) -> None:
     """Evaluate seller arms on a frozen suite against held-out buyers, with paired statistics."""
-    from nego.evaluation.config import EvalConfig
     from nego.evaluation.runner import evaluate
-    from nego.evaluation.suites import DEFAULT_BUYERS
 
     console = _console()
     try:
-        settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()
+        model, per_kind = take_model_options(values)
+        given = given_values(EVAL_OPTIONS, values)
+        given.setdefault("out", Path("runs") / "eval" / Path(given.get("suite", _SUITE_DEFAULT)).stem)
+        settings = model.settings()
         play = {"template": settings.template, "temperature": settings.temperature, "max_tokens": settings.max_tokens}
-        config = EvalConfig(
-            play={**play, "tools": settings.tools},
-            sellers=parse_specs(sellers, "seller"),
-            out=out or Path("runs") / "eval" / Path(suite).stem,
-            suite=suite,
-            buyers=parse_specs(buyers, "buyer") if buyers else DEFAULT_BUYERS,
-            diagnostic=None if diagnostic.lower() == "none" else diagnostic,
-            concurrency=concurrency,
-            resamples=resamples,
-            seed=seed,
-            optimality_gap=gap,
-            per_kind=parse_per_kind(per_kind),
-        )
+        config = EvalConfig(**given, per_kind=per_kind, play={**play, "tools": settings.tools})
+        set_threads(config.threads)
         from nego.agents.registry import resolve
 
         result = evaluate(config, factories=lambda spec: resolve(spec, settings))
@@ -121,12 +90,29 @@ def eval_(
         f"suite {s.name} (hash {s.content_hash()}), {len(s.slots())} negotiations per arm over "
         f"{len(s.scenarios)} scenarios; played now: {result.played}"
     )
-    console.print(summary_table(result.comparisons, title))
+    console.print(title, highlight=False)
+    for table in summary_tables(result.comparisons, console.width):
+        console.print()
+        console.print(table)
     from nego.evaluation.leakage import warning_lines
 
     for line in warning_lines(result.trained_against_held_out):
         console.print(f"[yellow]warning:[/yellow] {line}")
     console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}")
+    exit_for_errors(_latest_attempts(config.out, result.metrics), console, "negotiations")
+
+
+def _latest_attempts(out: Path, metrics: Any) -> Any:
+    """The transcripts' latest attempts of the negotiations this evaluation planned (error messages included)."""
+    from nego.market.transcripts import read_negotiations
+
+    ids = metrics["negotiation_id"]
+    return read_negotiations(out / "transcripts", latest=True).filter(pl.col("negotiation_id").is_in(ids))
+
+
+EVAL_OPTIONS = config_options(EvalConfig, optional=("out",))
+_SUITE_DEFAULT = next(f.default for f in fields(EvalConfig) if f.name == "suite")
+eval_.__signature__ = signature(parameters(EVAL_OPTIONS), model_parameters())  # type: ignore[attr-defined]
 
 
 def report(directory: Annotated[Path, typer.Argument(help="An evaluation run directory (from nego eval).")]) -> None:
@@ -143,16 +129,7 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
     console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}")
 
 
-def sweep(
-    config: Annotated[Path, typer.Argument(help="Sweep TOML file with a [sweep] table.")],
-    launcher: Annotated[
-        str | None,
-        typer.Option(help="Run the cells with: local, submitit-local, submitit-debug or slurm (default: the file's)."),
-    ] = None,
-    wait: Annotated[
-        bool, typer.Option(help="Wait for the cell jobs; --no-wait submits them and exits (rerun to collect).")
-    ] = True,
-) -> None:
+def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values: Any) -> None:
     """Train every size x learning rate (x seed), evaluate each on one suite, and write the study table."""
     import dataclasses
 
@@ -162,7 +139,7 @@ def sweep(
 
     console = _console()
     try:
-        cfg = load_sweep_config(config)
+        cfg = load_sweep_config(config, given_values(SWEEP_OPTIONS, values))
         if launcher is not None:
             cfg = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, kind=launcher))
         study = run_sweep(cfg, echo=lambda line: console.print(line, highlight=False, markup=False), wait=wait)
@@ -174,11 +151,9 @@ def sweep(
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 
-    table = Table(title=f"gain over base ({cfg.suite})", title_justify="left")
-    for name in ("size", "lr", "seed", "buyers", "gain [95% CI]", "p Holm"):
-        table.add_column(name)
-    for r in study.iter_rows(named=True):
-        table.add_row(
+    headers = ("size", "lr", "seed", "buyers", "gain [95% CI]", "p Holm")
+    rows = [
+        (
             r["size"],
             repr(r["lr"]),
             str(r["seed"]),
@@ -186,5 +161,44 @@ def sweep(
             format_interval(r["gain"], r["gain_low"], r["gain_high"], signed=True),
             format_p(r["p_holm"]),
         )
-    console.print(table)
+        for r in study.iter_rows(named=True)
+    ]
+    console.print(Layout.of(headers, rows, names=4).table(f"gain over base ({cfg.suite})", title_justify="left"))
     console.print(f"study: {cfg.out / 'study.md'}")
+
+
+SWEEP_OPTIONS = config_options(SweepConfig, optional=("out",))
+sweep.__signature__ = signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=Annotated[
+                Path, typer.Argument(help="Sweep TOML file: a sweep table, see configs/study-*.toml.")
+            ],
+        )
+    ],
+    [
+        inspect.Parameter(
+            "launcher",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                None,
+                "--launcher",
+                help="Run the cells with: local, submitit-local, submitit-debug or slurm (default: the file's).",
+            ),
+            annotation=str | None,
+        ),
+        inspect.Parameter(
+            "wait",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                True,
+                "--wait/--no-wait",
+                help="Wait for the cell jobs; --no-wait submits them and exits (rerun to collect).",
+            ),
+            annotation=bool,
+        ),
+    ],
+    parameters(SWEEP_OPTIONS, layered=True),
+)

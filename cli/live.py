@@ -21,6 +21,8 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .tables import Layout
+
 MAX_ROWS = 12
 TICKER = 8
 
@@ -121,12 +123,10 @@ def _fmt(u: float | None) -> str:
 
 
 def stats_table(watch: MarketWatch, title: str = "Sellers") -> Table:
-    """Running statistics per seller spec."""
-    table = Table(title=title, expand=True)
-    for col in ("seller", "n", "deal rate", "mean u_seller", "mean u_buyer", "rounds", "invalid", "errors"):
-        table.add_column(col, justify="left" if col == "seller" else "right")
-    for row in watch.stats.frame("seller").iter_rows(named=True):
-        table.add_row(
+    """Running statistics per seller spec (spec names are never cut)."""
+    headers = ("seller", "n", "deal rate", "mean u_seller", "mean u_buyer", "rounds", "invalid", "errors")
+    rows = [
+        (
             row["spec"],
             str(row["n"]),
             _fmt(row["deal_rate"]),
@@ -136,7 +136,9 @@ def stats_table(watch: MarketWatch, title: str = "Sellers") -> Table:
             _fmt(row["invalid_rate"]),
             str(row["errors"]),
         )
-    return table
+        for row in watch.stats.frame("seller").iter_rows(named=True)
+    ]
+    return Layout.of(headers, rows).table(title, expand=True)
 
 
 class LiveView:

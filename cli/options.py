@@ -3,7 +3,8 @@ template, tools, sampling, prices)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,6 +60,31 @@ class ModelOptions:
         if self.max_tokens is not None:
             overrides["max_tokens"] = self.max_tokens
         return LLMSettings.from_env(**overrides)
+
+
+_MODEL_ANNOTATIONS: dict[str, Any] = {
+    "per_kind": PerKind,
+    "base_url": BaseUrl,
+    "template": Template,
+    "tools": Tools,
+    "temperature": Temperature,
+    "max_tokens": MaxTokens,
+    "prices": Prices,
+}
+
+
+def model_parameters() -> list[inspect.Parameter]:
+    """The shared model-agent options (and ``--per-kind``) as keyword-only parameters of a generated command."""
+    return [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        for name, annotation in _MODEL_ANNOTATIONS.items()
+    ]
+
+
+def take_model_options(values: dict[str, Any]) -> tuple[ModelOptions, dict[str, int]]:
+    """Pop the shared options out of a command's ``values``: the model options and the per-kind caps."""
+    model = ModelOptions(**{f.name: values.pop(f.name, None) for f in fields(ModelOptions)})
+    return model, parse_per_kind(values.pop("per_kind", None))
 
 
 def parse_per_kind(text: str | None) -> dict[str, int]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import polars as pl
 import typer
+from nego.agents.threads import THREADS_HELP, set_threads
 from nego.market.events import EventBus
 from nego.market.locks import DirectoryBusy, exclusive_run
 from nego.market.protocol import ProtocolConfig
@@ -18,19 +20,11 @@ from nego.market.transcripts import TranscriptWriter, read_negotiations
 from rich.console import Console
 from rich.table import Table
 
+from .config_options import config_options, given_values, parameters, signature
+from .errors import exit_for_errors
 from .live import LiveView, MarketWatch, PlainProgress, stats_table
-from .options import (
-    BaseUrl,
-    MaxTokens,
-    ModelOptions,
-    PerKind,
-    Prices,
-    Temperature,
-    Template,
-    Tools,
-    parse_per_kind,
-    parse_specs,
-)
+from .options import ModelOptions, model_parameters, take_model_options
+from .tables import Layout
 
 if TYPE_CHECKING:
     from nego.market.population import ScenarioSource
@@ -39,38 +33,62 @@ DEFAULT_SELLERS = "boulware,linear,conceder,tft"
 DEFAULT_BUYERS = "boulware,conceder,tft,walker"
 
 
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
 @dataclass(frozen=True)
 class SimulateConfig:
     """One simulation: who trades, for how long, on what, and where the transcripts go."""
 
-    sellers: tuple[str, ...] = tuple(DEFAULT_SELLERS.split(","))
-    buyers: tuple[str, ...] = tuple(DEFAULT_BUYERS.split(","))
-    days: int = 5
-    negotiations: int = 32
-    """Seller and buyer agents each; at most this many negotiations a day (fewer as stock or demand run out)."""
-    inventory: int = 60
-    demand: int = 40
-    scenarios: str | None = None
-    """A scenario file, a directory of them, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; None draws from
-    the generator."""
-    seed: int = 0
-    concurrency: int = 256
+    sellers: tuple[str, ...] = _f(
+        tuple(DEFAULT_SELLERS.split(",")), "Comma-separated seller specs (see `nego agents`)."
+    )
+    buyers: tuple[str, ...] = _f(tuple(DEFAULT_BUYERS.split(",")), "Comma-separated buyer specs.")
+    days: int = _f(5, "Market days to simulate.")
+    negotiations: int = _f(32, "Sellers and buyers each: at most this many deals a day.")
+    inventory: int = _f(60, "Units each seller starts with.")
+    demand: int = _f(40, "Units each buyer wants.")
+    scenarios: str | None = _f(
+        None, "Scenario FILE, DIR, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; default: generated."
+    )
+    seed: int = _f(0, "Seed: same seed and options, same transcripts.")
+    concurrency: int = _f(256, "Negotiations in flight at most.")
     per_kind: dict[str, int] = field(default_factory=dict)
-    max_retries: int = 2
-    turn_timeout_s: float | None = None
-    out: Path | None = None
+    """Concurrency caps per agent kind (``--per-kind``, shared with ``nego eval``)."""
+    max_retries: int = _f(2, "Retries after an invalid move before the turn is forfeited.")
+    turn_timeout_s: float | None = _f(
+        None, "Seconds one move may take; past it the negotiation ends as an error.", flag="--turn-timeout"
+    )
+    out: Path | None = field(
+        default=None, metadata={"help": "Transcript directory (default runs/simulate-seed<SEED>); rerun to resume."}
+    )
+    threads: int = _f(0, THREADS_HELP)
     model: ModelOptions = field(default_factory=ModelOptions)
+    """Model agents' settings (the shared ``--base-url``, ``--template``, ... options)."""
 
     def __post_init__(self) -> None:
-        for name in ("days", "negotiations", "inventory", "demand", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        least = {
+            "days": 1,
+            "negotiations": 1,
+            "inventory": 1,
+            "demand": 1,
+            "concurrency": 1,
+            "max_retries": 0,
+            "threads": 0,
+        }
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if not self.sellers or not self.buyers:
             raise ValueError("give at least one seller spec and one buyer spec")
 
     @property
     def out_dir(self) -> Path:
         return self.out or Path("runs") / f"simulate-seed{self.seed}"
+
+
+OPTIONS = config_options(SimulateConfig)
 
 
 def load_scenario_source(source: str) -> ScenarioSource:
@@ -160,113 +178,102 @@ def run_simulation(
     return SimulationResult(cfg.out_dir, negotiations, days, skipped)
 
 
+SPEC_COLUMNS = {
+    "n": ("n", "{:d}"),
+    "deal_rate": ("deal rate", "{:.2f}"),
+    "mean_seller_utility": ("u_seller", "{:.3f}"),
+    "mean_buyer_utility": ("u_buyer", "{:.3f}"),
+    "mean_rounds": ("rounds", "{:.1f}"),
+    "invalid_rate": ("invalid", "{:.3f}"),
+    "errors": ("errors", "{:d}"),
+}
+USAGE_COLUMNS = {"tokens": ("tokens", "{:,d}"), "cost_usd": ("cost $", "{:,.4f}")}
+DAY_COLUMNS = {
+    "day": ("day", "{:d}"),
+    "pairs": ("pairs", "{:d}"),
+    "deals": ("deals", "{:d}"),
+    "errors": ("errors", "{:d}"),
+    "units": ("units", "{:,d}"),
+    "revenue": ("revenue", "{:,.0f}"),
+    "mean_seller_utility": ("u_seller", "{:.3f}"),
+    "mean_buyer_utility": ("u_buyer", "{:.3f}"),
+    "inventory_left": ("stock left", "{:,d}"),
+    "demand_left": ("demand left", "{:,d}"),
+}
+
+
 def print_summary(result: SimulationResult, console: Console) -> None:
-    """The end-of-run tables: per seller and per buyer spec, per day, and where the transcripts are."""
-    labels = {
-        "spec": "spec",
-        "n": "n",
-        "deal_rate": "deal rate",
-        "mean_seller_utility": "u_seller",
-        "mean_buyer_utility": "u_buyer",
-        "mean_rounds": "rounds",
-        "invalid_rate": "invalid",
-        "errors": "errors",
-        "tokens": "tokens",
-        "cost_usd": "cost $",
-    }
+    """The end-of-run tables: per seller and per buyer spec (and model usage, if any), per day, and where the
+    transcripts are. Spec names are never cut, whatever the terminal's width."""
+    width = console.width
+    tables = []
     for by in ("seller", "buyer"):
-        table = Table(title=f"Summary per {by} (utilities: mean over negotiations; no deal = reservation)")
-        for col, label in labels.items():
-            table.add_column(label, justify="left" if col == "spec" else "right")
-        for row in summarize(result.negotiations, by=by).sort("spec").iter_rows(named=True):
-            table.add_row(*(_cell(row[c]) for c in labels))
+        summary = summarize(result.negotiations, by=by).sort("spec")
+        title = f"Summary per {by} (mean utilities; no deal = reservation)"
+        tables.append(_table(title, summary, SPEC_COLUMNS, width, "spec", optional=("invalid", "rounds")))
+        if (summary["tokens"].fill_null(0) > 0).any() or (summary["cost_usd"].fill_null(0) > 0).any():
+            tables.append(_table(f"Model usage per {by}", summary, USAGE_COLUMNS, width, "spec"))
+    tables.append(_table("Market days", result.days, DAY_COLUMNS, width, optional=("demand left", "stock left")))
+    for table in tables:
+        console.print()
         console.print(table)
-    day_cols = {
-        "day": "day",
-        "pairs": "pairs",
-        "deals": "deals",
-        "errors": "errors",
-        "units": "units",
-        "revenue": "revenue",
-        "mean_seller_utility": "u_seller",
-        "mean_buyer_utility": "u_buyer",
-        "inventory_left": "stock left",
-        "demand_left": "demand left",
-    }
-    days = Table(title="Market days")
-    for label in day_cols.values():
-        days.add_column(label, justify="right")
-    for row in result.days.iter_rows(named=True):
-        days.add_row(*(_cell(row[c]) for c in day_cols))
-    console.print(days)
     if result.skipped:
         console.print(f"resumed: {result.skipped} negotiations were already complete on disk", highlight=False)
     console.print(f"transcripts: {result.out_dir}/negotiations and {result.out_dir}/turns (Parquet)", highlight=False)
 
 
-def _cell(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
+def _table(
+    title: str,
+    frame: pl.DataFrame,
+    columns: dict[str, tuple[str, str]],
+    width: int,
+    name: str | None = None,
+    optional: tuple[str, ...] = (),
+) -> Table:
+    headers = ([name] if name else []) + [label for label, _ in columns.values()]
+    rows = [
+        ([row[name]] if name else []) + [_cell(row[col], fmt) for col, (_, fmt) in columns.items()]
+        for row in frame.iter_rows(named=True)
+    ]
+    layout = Layout.of(headers, rows, names=1 if name else 0).fit(width, optional)
+    return layout.table(title, title_justify="left")
 
 
-def simulate(
-    sellers: Annotated[str, typer.Option(help="Comma-separated seller specs (see `nego agents`).")] = DEFAULT_SELLERS,
-    buyers: Annotated[str, typer.Option(help="Comma-separated buyer specs.")] = DEFAULT_BUYERS,
-    days: Annotated[int, typer.Option(help="Market days to simulate.")] = SimulateConfig.days,
-    negotiations: Annotated[int, typer.Option(help="Sellers and buyers each: at most this many deals a day.")] = 32,
-    scenarios: Annotated[
-        str | None,
-        typer.Option(
-            help="Scenario FILE, DIR, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; default: generated."
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed: same seed and options, same transcripts.")] = 0,
-    concurrency: Annotated[int, typer.Option(help="Negotiations in flight at most.")] = 256,
-    inventory: Annotated[int, typer.Option(help="Units each seller starts with.")] = SimulateConfig.inventory,
-    demand: Annotated[int, typer.Option(help="Units each buyer wants.")] = SimulateConfig.demand,
-    out: Annotated[
-        Path | None, typer.Option(help="Transcript directory (default runs/simulate-seed<SEED>); rerun to resume.")
-    ] = None,
-    live: Annotated[bool | None, typer.Option("--live/--no-live", help="Rich live view (default: on a TTY).")] = None,
-    per_kind: PerKind = None,
-    base_url: BaseUrl = None,
-    template: Template = None,
-    tools: Tools = None,
-    temperature: Temperature = None,
-    max_tokens: MaxTokens = None,
-    prices: Prices = None,
-    turn_timeout: Annotated[
-        float | None, typer.Option(help="Seconds one move may take; past it the negotiation ends as an error.")
-    ] = None,
-) -> None:
+def _cell(v: object, fmt: str) -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def simulate(**values: Any) -> None:
     """Run a marketplace of negotiating sellers and buyers over market days and summarise it."""
     console = Console()
+    live = values.pop("live", None)
     try:
-        cfg = SimulateConfig(
-            sellers=parse_specs(sellers, "seller"),
-            buyers=parse_specs(buyers, "buyer"),
-            days=days,
-            negotiations=negotiations,
-            scenarios=scenarios,
-            seed=seed,
-            concurrency=concurrency,
-            inventory=inventory,
-            demand=demand,
-            out=out,
-            per_kind=parse_per_kind(per_kind),
-            turn_timeout_s=turn_timeout,
-            model=ModelOptions(base_url, template, tools, prices, temperature, max_tokens),
-        )
+        model, per_kind = take_model_options(values)
+        cfg = SimulateConfig(**given_values(OPTIONS, values), per_kind=per_kind, model=model)
+        set_threads(cfg.threads)
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, console=console, live=use_live and console.is_terminal)
     except (ValueError, DirectoryBusy) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     print_summary(result, console)
+    exit_for_errors(result.negotiations, console, "negotiations")
 
+
+simulate.__signature__ = signature(  # type: ignore[attr-defined]
+    parameters(OPTIONS),
+    [
+        inspect.Parameter(
+            "live",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                bool | None, typer.Option("--live/--no-live", help="Rich live view (default: on a TTY).")
+            ],
+        )
+    ],
+    model_parameters(),
+)
 
 __all__ = ["SimulateConfig", "SimulationResult", "print_summary", "run_simulation", "simulate", "stats_table"]
 

@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from nego.agents.threads import set_threads
 from nego.market.locks import DirectoryBusy
 from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
 from rich.console import Console
 
-from .options import split_specs
+from .config_options import config_options, given_values, parameters, signature
 
-
-def _annotation(default: Any) -> Any:
-    if isinstance(default, list):
-        return Optional[str]  # noqa: UP045 - typer reads the annotation at runtime
-    return Optional[type(default)]  # noqa: UP045
+OPTIONS = config_options(TrainConfig)
 
 
 def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:
     """TOML file (if any) first, then the options given on the command line; ``--resume`` restores the run's own."""
-    given = {k: v for k, v in options.items() if v is not None}
-    for f in fields(TrainConfig):
-        if f.name in given and f.default is MISSING:  # the list-valued fields: comma-separated on the command line
-            given[f.name] = split_specs(given[f.name])
+    given = given_values(OPTIONS, options)
     if given.get("resume"):
         from nego.training.checkpoints import load_run_config
 
@@ -44,6 +37,7 @@ def train(**kwargs: Any) -> None:
 
     try:
         cfg = build_config(config, kwargs)
+        set_threads(cfg.threads)
         _warn_if_training_on_held_out(cfg)
         console = Console()
         if console.is_terminal if live is None else live:
@@ -87,40 +81,20 @@ def _warn_if_training_on_held_out(cfg: TrainConfig) -> None:
         )
 
 
-def _signature() -> inspect.Signature:
-    params = [
+train.__signature__ = signature(  # type: ignore[attr-defined]
+    [
         inspect.Parameter(
             "config",
             inspect.Parameter.KEYWORD_ONLY,
             default=typer.Option(None, "--config", help="TOML file of training options (see nego/training/*.toml)"),
-            annotation=Optional[Path],  # noqa: UP045
-        )
-    ]
-    params.append(
+            annotation=Optional[Path],  # noqa: UP045 - typer reads the annotation at runtime
+        ),
         inspect.Parameter(
             "live",
             inspect.Parameter.KEYWORD_ONLY,
             default=typer.Option(None, "--live/--no-live", help="Rich live view with curves (default: on a terminal)."),
             annotation=Optional[bool],  # noqa: UP045
-        )
-    )
-    for f in fields(TrainConfig):
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        help_text = f.metadata["help"] + (f" (default: {','.join(default)})" if isinstance(default, list) else "")
-        params.append(
-            inspect.Parameter(
-                f.name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(
-                    None,
-                    "--" + f.name.replace("_", "-"),
-                    help=help_text,
-                    show_default=not isinstance(default, list) and str(default),
-                ),
-                annotation=_annotation(default),
-            )
-        )
-    return inspect.Signature(params)
-
-
-train.__signature__ = _signature()  # type: ignore[attr-defined]
+        ),
+    ],
+    parameters(OPTIONS, layered=True),
+)

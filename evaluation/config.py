@@ -1,40 +1,49 @@
-"""Configuration of an evaluation run and of a sweep, as dataclasses the CLI and TOML files fill."""
+"""Configuration of an evaluation run and of a sweep, as dataclasses the CLI and TOML files fill.
+
+Each field's help text is in its metadata, where ``nego eval`` and ``nego sweep`` take their options from;
+defaults are written here only.
+"""
 
 from __future__ import annotations
 
 import math
 import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from nego.agents.threads import THREADS_HELP
+
 from .stats import DEFAULT_RESAMPLES
 from .suites import DEFAULT_BUYERS, DIAGNOSTIC_BUYER
+
+
+def _f(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
 
 
 @dataclass(frozen=True, slots=True)
 class EvalConfig:
     """One evaluation: every seller arm against the suite's held-out buyers, plus the diagnostic buyer."""
 
-    sellers: tuple[str, ...]
-    """Seller specs; the first is the base every later arm is compared with."""
-    out: Path
-    """Run directory: transcripts, metrics and the report go here; rerunning resumes."""
-    suite: str = "eval-1152"
-    """A built-in suite name or a suite JSON path."""
-    buyers: tuple[str, ...] = DEFAULT_BUYERS
-    """One buyer spec per buyer slot of the suite."""
-    diagnostic: str | None = DIAGNOSTIC_BUYER
-    """Extra buyer reported apart (one seed per scenario and opener); None to skip."""
-    concurrency: int = 64
-    resamples: int = DEFAULT_RESAMPLES
-    seed: int = 0
-    """Seed of the bootstrap and permutation resampling."""
-    optimality_gap: bool = True
-    """Replay rule-based buyers to compute the optimality gap."""
+    sellers: tuple[str, ...] = _f(help="Seller specs, comma-separated; the first is the base arm.")
+    out: Path = field(metadata={"help": "Run directory (resumes if it exists). Default runs/eval/SUITE."})
+    suite: str = _f("eval-1152", "Suite: eval-1152, eval-dev, or a suite JSON file.")
+    buyers: tuple[str, ...] = _f(DEFAULT_BUYERS, "Buyer specs, one per buyer slot of the suite (held-out defaults).")
+    diagnostic: str | None = _f(
+        DIAGNOSTIC_BUYER, "Extra buyer reported apart (one seed per scenario and opener); 'none' to skip."
+    )
+    concurrency: int = _f(64, "Negotiations in flight at once.")
+    resamples: int = _f(DEFAULT_RESAMPLES, "Bootstrap and permutation resamples (>= 1000).")
+    seed: int = _f(0, "Seed of the bootstrap and permutation resampling.")
+    optimality_gap: bool = _f(
+        True, "Compute the optimality gap against rule-based buyers (by replaying them).", flag="--gap/--no-gap"
+    )
+    threads: int = _f(0, THREADS_HELP)
     per_kind: Mapping[str, int] = field(default_factory=dict)
-    """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency``."""
+    """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency`` (``--per-kind``)."""
     play: Mapping[str, Any] = field(default_factory=dict)
     """How model agents are played (template, temperature, max tokens, tools): recorded in ``run.json``, and a
     rerun into the same directory with other values is refused, so one run never mixes two ways of playing."""
@@ -48,6 +57,8 @@ class EvalConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.resamples < 1_000:
             raise ValueError(f"resamples must be >= 1000 for a stable 95% interval, got {self.resamples}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = automatic), got {self.threads}")
 
 
 LAUNCHER_KINDS = ("local", "submitit-local", "submitit-debug", "slurm")
@@ -109,19 +120,22 @@ class LauncherConfig:
 class SweepConfig:
     """A study grid: every model size x learning rate x seed trained, then evaluated on one suite."""
 
-    out: Path
-    sizes: tuple[str, ...] = ("tiny",)
-    learning_rates: tuple[float, ...] = (1e-5, 1e-4, 3e-4)
-    seeds: tuple[int, ...] = (0,)
-    suite: str = "eval-dev"
-    buyers: tuple[str, ...] = DEFAULT_BUYERS
-    diagnostic: str | None = DIAGNOSTIC_BUYER
+    out: Path = field(
+        metadata={"help": "Sweep directory (default: the TOML file's path without .toml; relative to the file)."}
+    )
+    sizes: tuple[str, ...] = _f(("tiny",), "Seller model sizes to train (nego train --model).")
+    learning_rates: tuple[float, ...] = _f((1e-5, 1e-4, 3e-4), "GRPO learning rates, comma-separated.")
+    seeds: tuple[int, ...] = _f((0,), "Training seeds, comma-separated.")
+    suite: str = _f("eval-dev", "Evaluation suite of every cell.")
+    buyers: tuple[str, ...] = _f(DEFAULT_BUYERS, "Held-out buyer specs, one per buyer slot of the suite.")
+    diagnostic: str | None = _f(DIAGNOSTIC_BUYER, "Extra buyer reported apart; 'none' to skip.")
     train_args: dict[str, Any] = field(default_factory=dict)
     """Extra training settings (fields of ``nego.training.config.TrainConfig``), e.g. {"steps": 20}."""
-    concurrency: int = 64
-    resamples: int = DEFAULT_RESAMPLES
+    concurrency: int = _f(64, "Negotiations in flight at once, per evaluation.")
+    resamples: int = _f(DEFAULT_RESAMPLES, "Bootstrap and permutation resamples (>= 1000).")
     launcher: LauncherConfig = field(
-        default_factory=LauncherConfig, metadata={"help": "where the cells run ([sweep.launcher] table)"}
+        default_factory=LauncherConfig,
+        metadata={"help": "where the cells run ([sweep.launcher] table; --launcher KIND)", "cli": False},
     )
 
     def __post_init__(self) -> None:
@@ -132,19 +146,9 @@ class SweepConfig:
             raise ValueError(f"learning rates must be positive, got {bad}")
 
 
-_SWEEP_KEYS = {
-    "out",
-    "sizes",
-    "learning_rates",
-    "seeds",
-    "suite",
-    "buyers",
-    "diagnostic",
-    "train",
-    "concurrency",
-    "resamples",
-    "launcher",
-}
+_TOML_KEYS = {"train_args": "train"}
+"""Fields whose key in the [sweep] table has another name."""
+
 _LAUNCHER_KEYS = {f.name for f in fields(LauncherConfig)}
 
 
@@ -172,9 +176,11 @@ def load_launcher_config(table: Any, where: str, base: Path) -> LauncherConfig:
         raise ValueError(f"{where}: bad value in [sweep.launcher]: {e}") from e
 
 
-def load_sweep_config(path: Path) -> SweepConfig:
-    """Read a sweep TOML file (``[sweep]`` table, optional ``[sweep.train]`` options and ``[sweep.launcher]``
-    table); errors name the key."""
+def load_sweep_config(path: Path, overrides: Mapping[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep TOML file (``[sweep]`` table, optional ``[sweep.train]`` options and ``[sweep.launcher]`` table),
+    then apply ``overrides`` (field values, e.g. from the command line); errors name the file and the key. A relative
+    ``out`` in the file is relative to the file's folder; without one, the sweep directory is the file's path without
+    ``.toml``."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -182,26 +188,34 @@ def load_sweep_config(path: Path) -> SweepConfig:
     table = data.get("sweep")
     if not isinstance(table, dict):
         raise ValueError(f"{path}: needs a [sweep] table with sizes, learning_rates, seeds, suite")
-    unknown = set(table) - _SWEEP_KEYS
+    known = {_TOML_KEYS.get(f.name, f.name): f.name for f in fields(SweepConfig)}
+    unknown = set(table) - set(known)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) in [sweep]: {sorted(unknown)}; allowed: {sorted(_SWEEP_KEYS)}")
-    out = Path(table.get("out", Path(path).with_suffix("")))
-    if not out.is_absolute():
-        out = Path(path).parent / out
+        raise ValueError(f"{path}: unknown key(s) in [sweep]: {sorted(unknown)}; allowed: {sorted(known)}")
+    hints = typing.get_type_hints(SweepConfig)
     launcher = load_launcher_config(table.get("launcher", {}), str(path), Path(path).parent)
     try:
-        return SweepConfig(
-            out=out,
-            sizes=tuple(str(s) for s in table.get("sizes", ("tiny",))),
-            learning_rates=tuple(float(x) for x in table.get("learning_rates", (1e-5, 1e-4, 3e-4))),
-            seeds=tuple(int(x) for x in table.get("seeds", (0,))),
-            suite=str(table.get("suite", "eval-dev")),
-            buyers=tuple(str(b) for b in table.get("buyers", DEFAULT_BUYERS)),
-            diagnostic=table.get("diagnostic", DIAGNOSTIC_BUYER) or None,
-            train_args=dict(table.get("train", {})),
-            concurrency=int(table.get("concurrency", 64)),
-            resamples=int(table.get("resamples", 10_000)),
-            launcher=launcher,
-        )
+        values = {known[key]: _typed(value, hints[known[key]]) for key, value in table.items() if key != "launcher"}
+        values["out"] = Path(path).parent / values["out"] if "out" in values else Path(path).with_suffix("")
+        return SweepConfig(**(values | {"launcher": launcher} | dict(overrides or {})))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: bad value in [sweep]: {e}") from e
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    """A TOML value as the field type ``hint`` wants it: tuples of str/int/float, dicts, scalars; '' or 'none'
+    for an optional string means None."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {value!r}")
+        return tuple(args[0](v) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a table, got {value!r}")
+        return dict(value)
+    if type(None) in args:  # str | None
+        return None if not value or str(value).lower() == "none" else str(value)
+    if hint is Path:
+        return Path(value)
+    return hint(value)

@@ -47,9 +47,7 @@ def train_with_nego(cell: Cell, directory: Path, settings: dict[str, Any]) -> Tr
     from nego.training.grpo import train
 
     try:
-        cfg = TrainConfig(
-            model=cell.size, name=cell.name, lr=cell.lr, seed=cell.seed, output_dir=str(directory), **settings
-        )
+        cfg = TrainConfig(model=cell.size, name=cell.name, lr=cell.lr, seed=cell.seed, out=str(directory), **settings)
     except TypeError as e:
         raise ValueError(f"[sweep.train] holds a setting nego train does not know: {e}") from e
     result = train(cfg, echo=lambda *_: None)

@@ -204,18 +204,19 @@ class Marketplace:
             raise ValueError(f"duplicate negotiation id {dup!r}: give jobs with equal content distinct ids")
         for spec in {s for j in jobs for s in (j.seller, j.buyer)}:
             self.factory(spec)  # fail before playing anything if a spec is unknown
-        attempts = self.writer.attempts() if self.writer is not None else {}
-        done = {i for i, (_, ok) in attempts.items() if ok}
+        writer = self.writer
+        # the writer's index answers per job, so a run costs O(jobs) however much the directory already holds
+        previous = {j.negotiation_id: writer.latest(j.negotiation_id) for j in jobs} if writer is not None else {}
         counts = _Counts()
         global_slots = asyncio.Semaphore(self.concurrency)
         kind_slots = {k: asyncio.Semaphore(n) for k, n in self.per_kind.items()}
 
         async def one(job: Job) -> Played | None:
-            if job.negotiation_id in done:
+            before = previous.get(job.negotiation_id)
+            if before is not None and before.ok:
                 counts.skipped += 1
                 return None
-            previous = attempts.get(job.negotiation_id)
-            attempt = 0 if previous is None else previous[0] + 1
+            attempt = 0 if before is None else before.number + 1
             return await self._play(job, attempt, global_slots, kind_slots, counts)
 
         try:
@@ -223,27 +224,26 @@ class Marketplace:
         finally:
             if self.writer is not None:
                 self.writer.flush()
-        if counts.skipped:
-            played = self._read_back(jobs, played, attempts)
+        if counts.skipped and writer is not None:
+            played = self._read_back(jobs, played, writer)
         if self.bus is not None and self.bus.active:
             wall = time.perf_counter() - counts.started
             self.bus.publish(RunFinished(len(jobs), counts.ran, counts.skipped, counts.errors, wall))
         return played  # type: ignore[return-value]
 
     def _read_back(
-        self, jobs: Sequence[Job], played: Sequence[Played | None], attempts: Mapping[str, tuple[int, bool]]
+        self, jobs: Sequence[Job], played: Sequence[Played | None], writer: TranscriptWriter
     ) -> list[Played]:
-        from .transcripts import load_results
-
-        assert self.writer is not None
+        """Fill in the jobs skipped as complete with their results read back from the transcripts (no records)."""
         pending = [j.negotiation_id for j, p in zip(jobs, played, strict=True) if p is None]
-        stored = load_results(self.writer.directory, pending)
+        stored = writer.load_results(pending)
         out = []
         for job, p in zip(jobs, played, strict=True):
             if p is None:
                 result = stored[job.negotiation_id]
                 reward = self.scorer(job, result) if self.scorer is not None else None
-                p = Played(job, result, attempts[job.negotiation_id][0], reward=reward, fresh=False)
+                attempt = writer.latest(job.negotiation_id).number  # type: ignore[union-attr]
+                p = Played(job, result, attempt, reward=reward, fresh=False)
             out.append(p)
         return out
 

@@ -10,11 +10,16 @@ agreed value of an issue named ``quantity`` (or ``units``/``volume``/``qty``) if
 capped by the seller's inventory and the buyer's demand. If the scenario has an issue named ``price`` (or
 ending in ``_price``) it is read as a unit price: the buyer pays ``units * price``, and buys fewer units when
 its budget does not cover them. Without a price issue, goods change hands but no money is counted.
+
+Resuming with a writer: the negotiations of this run already completed on disk are read once per run, and a
+pair whose slot (day, pair, seller, buyer, seed and scenario) is among them is settled from its stored outcome
+without building its job, so a finished run neither plays nor regenerates anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,12 +34,13 @@ from .events import DayEnded, DayStarted, EventBus, LearnerUpdated
 from .learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
 from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory, Played
 from .protocol import ProtocolConfig
-from .types import EndReason, NegotiationResult, Offer
+from .types import EndReason, NegotiationResult, Offer, Outcome
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 QUANTITY_ISSUES = ("quantity", "units", "volume", "qty")
 
@@ -229,6 +235,7 @@ class MarketModel(mesa.Model):
         self.day_stats: list[dict[str, float | int | None]] = []
         """One row per played day (see :data:`DAY_SCHEMA`)."""
         self._runner: asyncio.Runner | None = None
+        self._stored: StoredSlots | None = None
         self.running = self.can_match()
 
     def _factory(self, spec: str) -> NegotiatorFactory:
@@ -273,48 +280,51 @@ class MarketModel(mesa.Model):
         self.random.shuffle(buyers)
         return list(zip(sellers, buyers, strict=False))
 
-    def _scenario(self) -> Scenario:
+    def _draw(self) -> int:
+        """The model's next scenario draw: a generator seed, or an index into the scenario list."""
+        source = self._scenarios
+        return int(self.rng.integers(2**31 if source is None or callable(source) else len(source)))
+
+    def _scenario(self, draw: int) -> Scenario:
         source = self._scenarios
         if source is None:
             from nego.scenarios.generator import generate_scenario
 
             source = generate_scenario
         if callable(source):
-            scenario = source(int(self.rng.integers(2**31)))
+            scenario = source(draw)
             check_tradeable(scenario)
             return scenario
-        return source[int(self.rng.integers(len(source)))]
+        return source[draw]
 
-    def _jobs(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job]]:
-        """Each pair's jobs: one, or a learner's group (the market's negotiation first, then its rollouts)."""
-        out = []
+    def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:
+        """Per pair, in pair order: the jobs to play (one, or a learner's group: the market's negotiation first, then
+        its rollouts), or the outcome stored by an earlier run of the same slot."""
+        if self._stored is None:
+            writer = self.market.writer
+            self._stored = StoredSlots(writer.completed_rows(self.run_id) if writer is not None else None)
+        plan: list[list[Job] | Outcome] = []
         for i, (s, b) in enumerate(pairs):
             seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
-            job = Job(self._scenario(), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
-            learner = self.learners.get(s.spec)
-            if learner is None:
-                out.append([job])
+            draw = self._draw()
+            stored = self._stored.outcome(day, i, s.spec, b.spec, seed, draw, self._scenarios)
+            if stored is not None:
+                plan.append(stored)
                 continue
-            version = learner.policy_version
-            group = [replace(job, group=i, policy_version=version)]
-            for k in range(1, learner.group_size):
-                extra = int(np.random.SeedSequence([self.seed, day, i, k]).generate_state(1, np.uint64)[0] >> 1)
-                group.append(
-                    Job(
-                        job.scenario,
-                        s.spec,
-                        b.spec,
-                        extra,
-                        run_id=self.run_id,
-                        arm=ROLLOUT_ARM,
-                        day=day,
-                        pair=i,
-                        group=i,
-                        policy_version=version,
-                    )
-                )
-            out.append(group)
-        return out
+            job = Job(self._scenario(draw), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
+            learner = self.learners.get(s.spec)
+            plan.append([job] if learner is None else self._group(job, learner, day, i))
+        return plan
+
+    def _group(self, job: Job, learner: Learner, day: int, pair: int) -> list[Job]:
+        version = learner.policy_version
+        group = [replace(job, group=pair, policy_version=version)]
+        for k in range(1, learner.group_size):
+            seed = int(np.random.SeedSequence([self.seed, day, pair, k]).generate_state(1, np.uint64)[0] >> 1)
+            group.append(
+                replace(job, seed=seed, negotiation_id="", arm=ROLLOUT_ARM, group=pair, policy_version=version)
+            )
+        return group
 
     def step(self) -> None:
         """Play one market day (Mesa has already advanced ``self.steps``, which is the day number)."""
@@ -327,24 +337,20 @@ class MarketModel(mesa.Model):
             self.bus.publish(DayStarted(day, len(pairs)))
         if self._runner is None:
             self._runner = asyncio.Runner()  # one loop for the model's life: async clients keep their pools
-        per_pair = self._jobs(day, pairs)
-        played = self._runner.run(self.market.play([j for jobs in per_pair for j in jobs]))
-        groups: list[list[Played]] = []
-        for jobs in per_pair:
-            groups.append(played[: len(jobs)])
-            played = played[len(jobs) :]
-        self._record(day, pairs, [g[0].result for g in groups])
-        self._record_sellers(day, groups)
+        plan = self._plan(day, pairs)
+        jobs = [j for p in plan if isinstance(p, list) for j in p]
+        played = iter(self._runner.run(self.market.play(jobs)) if jobs else ())
+        groups: list[list[Played] | None] = [[next(played) for _ in p] if isinstance(p, list) else None for p in plan]
+        outcomes = [g[0].result.outcome if g is not None else p for g, p in zip(groups, plan, strict=True)]
+        self._record(day, pairs, outcomes)  # type: ignore[arg-type]
+        self._record_sellers(day, [g for g in groups if g is not None])
         self._learn(day, pairs, groups)
         self.running = day < self.days and self.can_match()
 
-    def _record(
-        self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], results: Sequence[NegotiationResult]
-    ) -> None:
+    def _record(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], outcomes: Sequence[Outcome]) -> None:
         units, revenue, deals, errors = 0, 0.0, 0, 0
         utilities: list[tuple[float, float]] = []
-        for (seller, buyer), result in zip(pairs, results, strict=True):  # pair order, never completion order
-            o = result.outcome
+        for (seller, buyer), o in zip(pairs, outcomes, strict=True):  # pair order, never completion order
             if o.end_reason is EndReason.ERROR:
                 errors += 1
                 continue
@@ -372,15 +378,17 @@ class MarketModel(mesa.Model):
         if self.bus is not None and self.bus.active:
             self.bus.publish(DayEnded(day, len(pairs), deals, errors, units, revenue))
 
-    def _learn(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], groups: Sequence[list[Played]]) -> None:
+    def _learn(
+        self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], groups: Sequence[list[Played] | None]
+    ) -> None:
+        if day <= self.learned_through:
+            return  # a replayed day: the learners' restored state already holds what they learned from it
         for spec, learner in self.learners.items():
             mine = tuple(
                 LearningGroup(day, i, tuple(g))
                 for i, ((s, _), g) in enumerate(zip(pairs, groups, strict=True))
-                if s.spec == spec
+                if s.spec == spec and g is not None
             )
-            if day <= self.learned_through:
-                continue  # a replayed day: the learner's restored state already holds what it learned from it
             report = learner.learn(day, mine)
             self.learn_reports.append((day, spec, report))
             self.market.forget(spec)  # the next day is played by the updated policy
@@ -470,3 +478,55 @@ class MarketModel(mesa.Model):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StoredSlots:
+    """The completed negotiations of one run, by slot, as a resumed :class:`MarketModel` reads them (once).
+
+    A stored negotiation stands for a pair only if everything that defines it matches: day, pair, seller and
+    buyer specs, seed, and the scenario. A scenario from a list is compared by content hash. A generated scenario
+    is matched by the recipe in its id (the draw is its generator seed), once the generator has been checked to
+    still make, for one stored draw, the very scenario that was played; any other scenario source is played
+    through the marketplace, which skips what is done by negotiation id.
+    """
+
+    def __init__(self, rows: pl.DataFrame | None) -> None:
+        cols = ("day", "pair", "seller", "buyer", "seed")
+        self._rows: dict[tuple, dict[str, Any]] = {}
+        if rows is not None:
+            self._rows = {tuple(r[c] for c in cols): r for r in rows.iter_rows(named=True)}
+        self._generator_ok: bool | None = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def outcome(
+        self, day: int, pair: int, seller: str, buyer: str, seed: int, draw: int, source: ScenarioSource | None
+    ) -> Outcome | None:
+        """The stored outcome of this slot, or None if it has to be played."""
+        row = self._rows.get((day, pair, seller, buyer, seed))
+        if row is None or not self._same_scenario(row, draw, source):
+            return None
+        from .transcripts import outcome_from_row
+
+        return outcome_from_row(row)
+
+    def _same_scenario(self, row: dict[str, Any], draw: int, source: ScenarioSource | None) -> bool:
+        from .marketplace import scenario_hash
+
+        if source is not None:
+            return not callable(source) and scenario_hash(source[draw]) == row["scenario_hash"]
+        from nego.scenarios.generator import GeneratedId, generate_scenario
+
+        recipe = GeneratedId.parse(row["scenario_id"])
+        if recipe is None or (recipe.seed, recipe.index, recipe.opposition, recipe.zopa) != (draw, 0, None, True):
+            return False
+        if self._generator_ok is None:
+            self._generator_ok = scenario_hash(generate_scenario(draw)) == row["scenario_hash"]
+            if not self._generator_ok:
+                logger.warning(
+                    "the scenario generator no longer makes the scenarios this run played (draw %d): stored "
+                    "negotiations are not reused and every pair is played again",
+                    draw,
+                )
+        return self._generator_ok

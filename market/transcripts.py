@@ -4,6 +4,10 @@ A directory holds ``negotiations/part-NNNNNNNN.parquet`` and ``turns/part-NNNNNN
 written to a temporary file and renamed into place, the turns part before its negotiations part, so a
 negotiation counts as written exactly when its negotiations part exists. One process writes a directory at
 a time; any number may read it.
+
+A writer indexes the directory once when it opens it (the latest attempt of every negotiation and the part that
+holds it) and keeps the index up to date as it writes, so a resumed run asks "is this done?" in O(1) per job and
+reads back only the parts that hold the results it needs.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +206,17 @@ def _parts(directory: Path, table: str) -> dict[int, Path]:
     return {int(p.name[5:13]): p for p in folder.glob("part-*.parquet") if p.name[5:13].isdigit()}
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The latest written (or buffered) attempt of one negotiation."""
+
+    number: int
+    ok: bool
+    """True if the attempt ended without error."""
+    part: int | None
+    """The number of the part that holds it; None while it is still buffered."""
+
+
 def _readable(path: Path) -> bool:
     try:
         pl.read_parquet_schema(path)
@@ -232,6 +248,7 @@ class TranscriptWriter:
         self._turns: list[dict[str, Any]] = []
         self.written = 0
         """Negotiation rows written by this writer so far."""
+        self._index = self._read_index()
 
     def _repair(self) -> dict[str, int]:
         counts = {"tmp": 0, "orphan_turns": 0, "unreadable": 0}
@@ -260,17 +277,63 @@ class TranscriptWriter:
             )
         return counts
 
+    def _read_index(self) -> dict[str, Attempt]:
+        parts = _parts(self.directory, "negotiations")
+        if not parts:
+            return {}
+        latest = (
+            _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, parts, with_part=True)
+            .group_by("negotiation_id")
+            .agg(pl.col("attempt", "end_reason", "part").sort_by("attempt").last())
+            .collect()
+        )
+        error = EndReason.ERROR.value
+        return {nid: Attempt(n, reason != error, part) for nid, n, reason, part in latest.iter_rows()}
+
+    def latest(self, negotiation_id: str) -> Attempt | None:
+        """The latest attempt of ``negotiation_id`` on disk or buffered here (None if there is none)."""
+        return self._index.get(negotiation_id)
+
     def attempts(self) -> dict[str, tuple[int, bool]]:
         """For every negotiation id on disk: its latest attempt number and whether that attempt completed
         without error."""
-        if not _parts(self.directory, "negotiations"):
-            return {}
-        latest = read_negotiations(self.directory, latest=True).select("negotiation_id", "attempt", "end_reason")
-        return {nid: (attempt, reason != EndReason.ERROR.value) for nid, attempt, reason in latest.iter_rows()}
+        return {nid: (a.number, a.ok) for nid, a in self._index.items()}
 
     def completed_ids(self) -> set[str]:
         """Ids whose latest written attempt ended without error (a resumed run skips these)."""
-        return {nid for nid, (_, ok) in self.attempts().items() if ok}
+        return {nid for nid, a in self._index.items() if a.ok}
+
+    def load_results(self, ids: Iterable[str]) -> dict[str, NegotiationResult]:
+        """The latest attempt of each id in ``ids``, rebuilt as results; reads only the parts that hold them
+        (buffered attempts are flushed first)."""
+        wanted = list(ids)
+        missing = [i for i in wanted if i not in self._index]
+        if missing:
+            raise KeyError(f"{len(missing)} negotiation(s) not found in {self.directory}, e.g. {missing[0]!r}")
+        if any(self._index[i].part is None for i in wanted):
+            self.flush()
+        keys = pl.LazyFrame(
+            {"negotiation_id": wanted, "attempt": [self._index[i].number for i in wanted]},
+            schema={"negotiation_id": pl.String, "attempt": pl.Int32},
+        )
+        numbers = {self._index[i].part for i in wanted}
+        negotiations, turns = pl.collect_all(
+            [
+                _scan(self.directory, table, schema, numbers).join(keys, on=["negotiation_id", "attempt"], how="semi")
+                for table, schema in (("negotiations", NEGOTIATIONS_SCHEMA), ("turns", TURNS_SCHEMA))
+            ]
+        )
+        return results_from_tables(negotiations, turns)
+
+    def completed_rows(self, run_id: str) -> pl.DataFrame:
+        """Negotiations rows of run ``run_id`` whose latest attempt ended without error, read in one pass over
+        the parts on disk (what a resumed population needs to settle the days it does not play again)."""
+        numbers = _parts(self.directory, "negotiations")
+        return (
+            _latest(_scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, numbers))
+            .filter((pl.col("run_id") == run_id) & (pl.col("end_reason") != EndReason.ERROR.value))
+            .collect()
+        )
 
     def add(
         self, job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
@@ -278,6 +341,7 @@ class TranscriptWriter:
         """Buffer one attempt; writes a part once ``flush_every`` attempts are buffered."""
         self._negotiations.append(negotiation_row(job, attempt, result, wall_s, reward))
         self._turns.extend(turn_rows(job.negotiation_id, attempt, result.turns))
+        self._index[job.negotiation_id] = Attempt(attempt, result.outcome.end_reason is not EndReason.ERROR, None)
         if len(self._negotiations) >= self.flush_every:
             self.flush()
 
@@ -291,9 +355,14 @@ class TranscriptWriter:
         # the same directory) never pick the same one, and none repairs away a part another is writing
         with locked(self.directory / ".lock"):
             parts = set(_parts(self.directory, "negotiations")) | set(_parts(self.directory, "turns"))
-            name = f"part-{max(parts, default=-1) + 1:08d}.parquet"
+            number = max(parts, default=-1) + 1
+            name = f"part-{number:08d}.parquet"
             self._write(turns, "turns", name)
             self._write(negotiations, "negotiations", name)
+        for row in self._negotiations:
+            entry = self._index[row["negotiation_id"]]
+            if entry.number == row["attempt"]:
+                self._index[row["negotiation_id"]] = Attempt(entry.number, entry.ok, number)
         self.written += len(self._negotiations)
         self._negotiations, self._turns = [], []
 
@@ -319,22 +388,31 @@ class TranscriptWriter:
         so a part never mixes rows on both sides of such a cut (if one does, nothing is removed and ValueError says
         which part)."""
         self.flush()
-        doomed: list[tuple[int, int]] = []
         with locked(self.directory / ".lock"):
+            parts = _parts(self.directory, "negotiations")
+            if not parts:
+                return 0
+            cut = where.fill_null(False)
+            by_part = (
+                _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, parts, with_part=True)
+                .group_by("part")
+                .agg(cut.any().alias("any"), cut.all().alias("all"), pl.len().alias("rows"))
+                .filter(pl.col("any"))
+                .collect()
+            )
+            mixed = by_part.filter(~pl.col("all"))["part"].to_list()
+            if mixed:
+                raise ValueError(
+                    f"{parts[mixed[0]]} holds negotiations on both sides of the cut ({why}): cannot roll back"
+                )
             turns = _parts(self.directory, "turns")
-            for n, path in sorted(_parts(self.directory, "negotiations").items()):
-                hit = _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, [n]).select(where.fill_null(False))
-                flags = hit.collect().to_series()
-                if flags.any() and not flags.all():
-                    raise ValueError(f"{path} holds negotiations on both sides of the cut ({why}): cannot roll back")
-                if flags.any():
-                    doomed.append((n, len(flags)))
-            for n, _ in doomed:
-                (self.directory / "negotiations" / f"part-{n:08d}.parquet").unlink()  # first: it makes rows count
+            for n in by_part["part"].to_list():
+                parts[n].unlink()  # negotiations first: a negotiation counts as written exactly while this part exists
                 if n in turns:
                     turns[n].unlink()
-        removed = sum(rows for _, rows in doomed)
+        removed = int(by_part["rows"].sum())
         if removed:
+            self._index = self._read_index()
             logger.warning("transcripts in %s: removed %d negotiation(s) %s", self.directory, removed, why)
         return removed
 
@@ -348,13 +426,26 @@ class TranscriptWriter:
         self.close()
 
 
-def _scan(directory: Path, table: str, schema: pl.Schema, numbers: Iterable[int]) -> pl.LazyFrame:
+def _scan(
+    directory: Path, table: str, schema: pl.Schema, numbers: Iterable[int], *, with_part: bool = False
+) -> pl.LazyFrame:
+    """The given parts of ``table`` (those that exist); ``with_part`` adds each row's part number as ``part``."""
     parts = _parts(directory, table)
-    paths = [str(parts[n]) for n in sorted(numbers) if n in parts]
-    if not paths:
-        return pl.LazyFrame(schema=schema)
+    found = [n for n in sorted(numbers) if n in parts]
+    if not found:
+        empty = pl.LazyFrame(schema=schema)
+        return empty.with_columns(pl.lit(None, pl.Int64).alias("part")) if with_part else empty
     try:
-        return pl.scan_parquet(paths, schema=schema, missing_columns="insert")
+        if not with_part:
+            return pl.scan_parquet([str(parts[n]) for n in found], schema=schema, missing_columns="insert")
+        return pl.concat(
+            [
+                pl.scan_parquet(str(parts[n]), schema=schema, missing_columns="insert").with_columns(
+                    pl.lit(n, pl.Int64).alias("part")
+                )
+                for n in found
+            ]
+        )
     except Exception as e:
         raise ValueError(
             f"cannot read {table} transcripts in {directory} with schema version {SCHEMA_VERSION}: {e}"
@@ -417,37 +508,41 @@ def _turn(row: Mapping[str, Any]) -> Turn:
     )
 
 
+def outcome_from_row(row: Mapping[str, Any]) -> Outcome:
+    """The :class:`Outcome` recorded in one negotiations-table row."""
+    return Outcome(
+        EndReason(row["end_reason"]),
+        _offer(row["agreement"]),
+        row["seller_utility"],
+        row["buyer_utility"],
+        row["rounds"],
+        row["turns"],
+        None if row["ended_by"] is None else Role(row["ended_by"]),
+        row["invalid_seller"],
+        row["invalid_buyer"],
+        row["forfeits_seller"],
+        row["forfeits_buyer"],
+        row["error"],
+    )
+
+
 def results_from_tables(negotiations: pl.DataFrame, turns: pl.DataFrame) -> dict[str, NegotiationResult]:
     """Rebuild :class:`NegotiationResult` objects from transcript rows, keyed by negotiation id (one attempt
     per id expected: pass latest attempts)."""
     by_id: dict[str, list[Turn]] = {}
     for row in turns.sort("negotiation_id", "attempt", "index").iter_rows(named=True):
         by_id.setdefault(row["negotiation_id"], []).append(_turn(row))
-    results = {}
-    for r in negotiations.iter_rows(named=True):
-        outcome = Outcome(
-            EndReason(r["end_reason"]),
-            _offer(r["agreement"]),
-            r["seller_utility"],
-            r["buyer_utility"],
-            r["rounds"],
-            r["turns"],
-            None if r["ended_by"] is None else Role(r["ended_by"]),
-            r["invalid_seller"],
-            r["invalid_buyer"],
-            r["forfeits_seller"],
-            r["forfeits_buyer"],
-            r["error"],
-        )
-        results[r["negotiation_id"]] = NegotiationResult(
+    return {
+        r["negotiation_id"]: NegotiationResult(
             r["scenario_id"],
             r["seed"],
-            outcome,
+            outcome_from_row(r),
             tuple(by_id.get(r["negotiation_id"], ())),
             _usage(r, "seller_") or Usage(),
             _usage(r, "buyer_") or Usage(),
         )
-    return results
+        for r in negotiations.iter_rows(named=True)
+    }
 
 
 def load_results(directory: str | os.PathLike[str], ids: Iterable[str]) -> dict[str, NegotiationResult]:

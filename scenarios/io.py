@@ -177,7 +177,8 @@ def _is_number(x: Any) -> bool:
 def _unknown(table: Mapping[str, Any], known: tuple[str, ...], prefix: str, problems: Problems) -> None:
     for key in table:
         if key not in known:
-            problems.append((f"{prefix}{key}", "unknown field", f"remove it or use one of: {', '.join(known)}"))
+            name = key if key.strip() else repr(key)  # an empty or blank key is still named, quoted
+            problems.append((f"{prefix}{name}", "unknown field", f"remove it or use one of: {', '.join(known)}"))
 
 
 def _text(data: Mapping[str, Any], key: str, prefix: str, problems: Problems, *, required: bool, fix: str) -> Any:

@@ -6,11 +6,16 @@ message naming the field and the fix.
 
 from __future__ import annotations
 
+import logging
 import math
 import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from nego.agents.threads import THREADS_HELP
+
+logger = logging.getLogger(__name__)
 
 TINY = "tiny"
 GEMMA_SIZES: dict[str, str] = {
@@ -41,7 +46,7 @@ class TrainConfig:
 
     model: str = _f(TINY, "seller model: tiny (built from scratch), 2.3b, 4.5b, 12b, 31b (Gemma 4) or hf:PATH")
     name: str = _f("", "registry name of the result (registered as NAME and NAME-rl); default: derived from model")
-    output_dir: str = _f("", "where checkpoints, logs and final weights go; default: $NEGO_HOME/runs/NAME")
+    out: str = _f("", "where checkpoints, logs and final weights go; default: $NEGO_HOME/runs/NAME")
     lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from dev-split arms; 1e-6 otherwise)")
     group_size: int = _f(8, "negotiations per scenario in one GRPO group (G >= 2)")
     scenarios_per_step: int = _f(8, "scenarios per optimizer step; batch = scenarios_per_step * group_size")
@@ -72,7 +77,7 @@ class TrainConfig:
         metadata={"help": "rule-based sellers imitated in the warm start"},
     )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
-    threads: int = _f(2, "torch CPU threads (0 = all cores; use 1 when other jobs share the cores)")
+    threads: int = _f(0, THREADS_HELP)
     time_budget_min: float = _f(13.5, "stop GRPO early (logged) when the whole run reaches this many minutes; 0 = off")
     use_vllm: bool = _f(False, "generate through vLLM via TRL (GPU, needs the vllm extra)")
     vllm_server: str = _f("", "URL of a `trl vllm-serve` server (server mode); empty = colocate")
@@ -157,6 +162,7 @@ def field_default(name: str) -> Any:
 def from_mapping(data: dict[str, Any], source: str = "config", base: TrainConfig | None = None) -> TrainConfig:
     """``base`` (defaults if None) updated with ``data``; unknown keys and wrong types fail naming ``source``."""
     known = {f.name: f for f in fields(TrainConfig)}
+    data = _renamed(data, source)
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -172,6 +178,23 @@ def from_mapping(data: dict[str, Any], source: str = "config", base: TrainConfig
             raise ConfigError(f"{source}: {key} must be {want.__name__}, got {value!r}")
         clean[key] = value
     return replace(base or TrainConfig(), **clean).validate()
+
+
+RENAMED = {"output_dir": "out"}
+"""Old field names still read (with a warning) from TOML files and saved run configs."""
+
+
+def _renamed(data: dict[str, Any], source: str) -> dict[str, Any]:
+    data = dict(data)
+    for old, new in RENAMED.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if new in data and data[new] != value:
+            raise ConfigError(f"{source}: {old} is the old name of {new}; give only {new}")
+        logger.warning("%s: %s is deprecated, it is now called %s", source, old, new)
+        data.setdefault(new, value)
+    return data
 
 
 def load_toml(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:

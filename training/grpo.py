@@ -11,6 +11,7 @@ from typing import Any
 
 from nego.agents.model_registry import ModelEntry, nego_home, register
 from nego.agents.registry import NegotiatorFactory
+from nego.agents.threads import set_threads
 from nego.market.events import EventBus
 from nego.market.locks import exclusive_run
 from nego.market.marketplace import Scorer
@@ -61,7 +62,7 @@ class TrainerParts:
 def run_dir_for(cfg: TrainConfig) -> Path:
     if cfg.resume:
         return Path(cfg.resume)
-    return Path(cfg.output_dir) if cfg.output_dir else nego_home() / "runs" / cfg.run_name
+    return Path(cfg.out) if cfg.out else nego_home() / "runs" / cfg.run_name
 
 
 def _env() -> None:
@@ -314,11 +315,8 @@ def train(cfg: TrainConfig, echo: Echo = print, observer: TrainObserver | None =
     step and dev evaluation as it happens."""
     cfg = cfg.validate()
     _env()
-    import torch
-
+    set_threads(cfg.threads)  # before torch loads, if it has not yet
     started = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     run_dir = run_dir_for(cfg)
     with exclusive_run(run_dir, f"nego train --name {cfg.run_name}"):
         return _train(cfg, run_dir, started, echo, observer)

@@ -129,3 +129,81 @@ def test_a_scenario_with_negative_quantities_is_refused_before_any_day():
         MarketModel(factories("a", "b"), [SellerSetup("a", 5)], [BuyerSetup("b", 5)], scenarios=[good, bad])
     with pytest.raises(ValueError, match="'quantity' admits -5"), model(0, scenarios=lambda seed: bad) as m:
         m.run()
+
+
+BIG = dict(
+    sellers=[SellerSetup("a", inventory=10**6), SellerSetup("a2", inventory=10**6)],
+    buyers=[BuyerSetup("b", demand=10**6), BuyerSetup("b2", demand=10**6), BuyerSetup("b", demand=10**6)],
+)
+
+
+def generated(seed: int, days: int, writer: TranscriptWriter, specs=None) -> MarketModel:
+    """A market on generated scenarios whose two pairs trade every day."""
+    return MarketModel(specs or factories("a", "a2", "b", "b2"), days=days, seed=seed, writer=writer, **BIG)
+
+
+def test_a_resumed_finished_run_plays_nothing_and_reads_each_part_a_bounded_number_of_times(tmp_path, monkeypatch):
+    from collections import Counter
+    from pathlib import Path
+
+    from nego.scenarios import generator
+
+    with generated(8, 6, TranscriptWriter(tmp_path, flush_every=1)) as m:
+        first = m.run()
+    parts = sorted(p.name for p in (tmp_path / "negotiations").glob("part-*.parquet"))
+    assert len(parts) == first["pairs"].sum() == 12  # one part per negotiation: many parts per day
+    reads: Counter[str] = Counter()
+    real_scan, real_generate = pl.scan_parquet, generator.generate_scenario
+
+    def counting_scan(source, **kw):
+        for path in [source] if isinstance(source, str | Path) else source:
+            reads[f"{Path(path).parent.name}/{Path(path).name}"] += 1
+        return real_scan(source, **kw)
+
+    generated_now = []
+    monkeypatch.setattr(pl, "scan_parquet", counting_scan)
+    monkeypatch.setattr(
+        generator, "generate_scenario", lambda seed, **kw: generated_now.append(seed) or real_generate(seed, **kw)
+    )
+    specs = factories("a", "a2", "b", "b2")
+    writer = TranscriptWriter(tmp_path)
+    with generated(8, 6, writer, specs) as m:
+        again = m.run()
+    assert again.equals(first) and writer.written == 0
+    assert not any(f.built for f in specs.values())  # nothing was played
+    assert len(generated_now) <= 1  # one scenario, to check the generator still makes what was played
+    assert set(reads) == {f"negotiations/{p}" for p in parts}  # no turns part is read
+    assert max(reads.values()) <= 2  # the writer's index, then the population's stored outcomes
+
+
+def test_a_run_resumed_after_some_days_equals_one_that_ran_through(tmp_path):
+    with generated(9, 2, TranscriptWriter(tmp_path / "resumed", flush_every=2)) as m:
+        m.run()
+    writer = TranscriptWriter(tmp_path / "resumed", flush_every=2)
+    with generated(9, 4, writer) as m:
+        resumed = m.run()
+        resumed_state = state(m)
+    assert writer.written == 4  # days 3 and 4 only
+    with generated(9, 4, TranscriptWriter(tmp_path / "through", flush_every=2)) as m:
+        through = m.run()
+        assert state(m) == resumed_state
+    assert resumed.equals(through)
+    for read in (read_negotiations, read_turns):
+        a, b = read(tmp_path / "resumed"), read(tmp_path / "through")
+        drop = [c for c in TIMING_COLUMNS if c in a.columns]
+        assert a.drop(drop).equals(b.drop(drop))
+
+
+def test_stored_outcomes_are_not_reused_when_the_generator_makes_other_scenarios(tmp_path, monkeypatch, caplog):
+    from nego.scenarios import generator
+
+    with generated(3, 2, TranscriptWriter(tmp_path)) as m:
+        first = m.run()
+    real = generator.generate_scenario
+    monkeypatch.setattr(generator, "generate_scenario", lambda seed, **kw: real(seed, max_rounds=5, **kw))
+    writer = TranscriptWriter(tmp_path)
+    with generated(3, 2, writer) as m:
+        m.run()
+    assert writer.written == first["pairs"].sum()  # every pair played again, on the scenarios made now
+    assert "no longer makes the scenarios" in caplog.text
+    assert (read_negotiations(tmp_path)["max_rounds"] == 5).sum() == writer.written

@@ -195,3 +195,22 @@ def test_killed_runs_resume_to_exactly_one_row_per_job(tmp_path):
         _canonical(read_turns(reference).drop("attempt"))
     )
     shutil.rmtree(tmp_path)
+
+
+async def test_a_rerun_reads_back_only_the_parts_that_hold_its_results(tmp_path, monkeypatch):
+    jobs = jobs_for(12)
+    with TranscriptWriter(tmp_path, flush_every=3) as writer:
+        results = await Marketplace(factories("a", "b"), writer=writer).run(jobs)
+    writer = TranscriptWriter(tmp_path)  # indexes the directory once, here
+    assert writer.latest(jobs[7].negotiation_id).part == 2
+    read: list[str] = []
+    real = pl.scan_parquet
+
+    def counting(source, **kw):
+        read.extend(Path(p).name for p in ([source] if isinstance(source, str) else source))
+        return real(source, **kw)
+
+    monkeypatch.setattr(pl, "scan_parquet", counting)
+    again = await Marketplace(factories("a", "b"), writer=writer).run(jobs[6:8])
+    assert again == results[6:8] and writer.written == 0
+    assert sorted(read) == ["part-00000002.parquet"] * 2  # its negotiations and its turns, nothing else

@@ -99,7 +99,7 @@ def toy_config(tmp_path, **options) -> TrainConfig:
     """A few GRPO steps on the tiny chat model saved at ``tmp_path / "m"``."""
     defaults = dict(
         model=f"hf:{tmp_path / 'm'}",
-        output_dir=str(tmp_path / "run"),
+        out=str(tmp_path / "run"),
         group_size=2,
         scenarios_per_step=1,
         dev_scenarios=1,

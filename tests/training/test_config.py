@@ -68,5 +68,5 @@ def test_training_into_a_run_directory_in_use_is_refused_before_anything_loads(t
     from nego.training import grpo
 
     with exclusive_run(tmp_path, "nego train --name tiny"), pytest.raises(DirectoryBusy, match="nego train --name"):
-        grpo.train(TrainConfig(output_dir=str(tmp_path)), echo=lambda s: None)
+        grpo.train(TrainConfig(out=str(tmp_path)), echo=lambda s: None)
     assert not (tmp_path / "config.json").exists() and not (tmp_path / "base").exists()

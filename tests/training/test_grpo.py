@@ -58,7 +58,7 @@ def run(tmp_path_factory):
     mp.setenv("NEGO_HOME", str(home))
     mp.setattr(grpo, "MarketRollout", RecordingRollout)
     cfg = TrainConfig(
-        output_dir=str(home / "run"),
+        out=str(home / "run"),
         train_scenarios=8,
         dev_scenarios=2,
         sft_episodes=64,
@@ -214,7 +214,7 @@ def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
     shutil.copytree(result.run_dir, copy)
     shutil.rmtree(copy / "checkpoints" / "checkpoint-2")
     shutil.rmtree(copy / "final")
-    resumed = grpo.train(replace(cfg, output_dir="", resume=str(copy), name="tiny-resumed"), echo=lambda s: None)
+    resumed = grpo.train(replace(cfg, out="", resume=str(copy), name="tiny-resumed"), echo=lambda s: None)
     assert resumed.steps == cfg.steps
     a, b = _weights(result.run_dir / "final"), _weights(copy / "final")
     for k in a:

@@ -1,0 +1,44 @@
+"""The exit status of a command that plays negotiations: 1 when none of them succeeded, saying why; a warning
+with the count when only some failed."""
+
+from __future__ import annotations
+
+import polars as pl
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+SHOWN_MESSAGES = 3
+MESSAGE_CHARS = 300
+
+
+def error_messages(negotiations: pl.DataFrame) -> list[tuple[str, int]]:
+    """Distinct error messages of the negotiations that ended in an error, most frequent first (then by text)."""
+    failed = negotiations.filter(pl.col("end_reason") == "error")
+    counts = failed.group_by(pl.col("error").fill_null("(no message)")).len()
+    return [(m, n) for m, n in counts.sort(["len", "error"], descending=[True, False]).iter_rows()]
+
+
+def exit_for_errors(negotiations: pl.DataFrame, console: Console, what: str = "negotiations") -> None:
+    """Exit with status 1 if every one of ``negotiations`` (latest attempts) ended in an error, naming the first
+    distinct messages with their counts; print a warning with the count if some did."""
+    messages = error_messages(negotiations)
+    failed, total = sum(n for _, n in messages), negotiations.height
+    if not failed:
+        return
+    lines = [f"  {n} x {escape(_short(m))}" for m, n in messages[:SHOWN_MESSAGES]]
+    if len(messages) > SHOWN_MESSAGES:
+        lines.append(f"  ... and {len(messages) - SHOWN_MESSAGES} other message(s)")
+    detail = "\n".join(lines)
+    if failed == total:
+        console.print(f"[red]error:[/] all {total} {what} ended in an error; nothing succeeded:\n{detail}")
+        raise typer.Exit(1)
+    console.print(
+        f"[yellow]warning:[/] {failed} of {total} {what} ended in an error (rerun the same command to play them "
+        f"again):\n{detail}"
+    )
+
+
+def _short(message: str) -> str:
+    flat = " ".join(message.split())
+    return flat if len(flat) <= MESSAGE_CHARS else flat[: MESSAGE_CHARS - 1] + "…"
