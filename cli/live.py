@@ -11,7 +11,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from nego.market.events import DayEnded, DayStarted, EndKind, NegotiationEnded, NegotiationStarted, TurnPlayed
+from nego.market.events import (
+    DayEnded,
+    DayStarted,
+    EndKind,
+    LearnerUpdated,
+    NegotiationEnded,
+    NegotiationStarted,
+    TurnPlayed,
+)
 from nego.market.marketplace import Job
 from nego.market.summary import RunningStats
 from nego.market.types import ActionKind
@@ -25,6 +33,52 @@ from .tables import Layout
 
 MAX_ROWS = 12
 TICKER = 8
+
+
+@dataclass(slots=True)
+class _DayCell:
+    n: int = 0
+    deals: int = 0
+    utility: float = 0.0
+    invalid: int = 0
+    turns: int = 0
+    version: int = 0
+
+    def add(self, event: NegotiationEnded) -> None:
+        o = event.result.outcome
+        self.n += 1
+        self.deals += o.agreed
+        self.utility += o.seller_utility
+        self.invalid += o.invalid_seller
+        self.turns += sum(1 for t in event.result.turns if t.role.value == "seller")
+        self.version = max(self.version, event.job.policy_version or 0)
+
+
+def learning_table(watch: MarketWatch, last: int = 6) -> Table:
+    """The learning sellers' last days (utility, deal rate, invalid moves per turn, policy version) beside the fixed
+    sellers, and each learner's latest update."""
+    table = Table(title="Learning seller by day (beside the fixed sellers)", expand=True)
+    for col in ("day", "version", "u_seller", "deal rate", "invalid", "others u", "others deal"):
+        table.add_column(col, justify="right")
+    days = sorted({d for d, _ in watch.by_day})[-last:]
+    for day in days:
+        mine, others = watch.by_day.get((day, True)), watch.by_day.get((day, False))
+        table.add_row(
+            str(day),
+            str(mine.version) if mine else "-",
+            _fmt(mine.utility / mine.n) if mine else "-",
+            _fmt(mine.deals / mine.n) if mine else "-",
+            f"{mine.invalid / mine.turns:.3f}" if mine and mine.turns else "-",
+            _fmt(others.utility / others.n) if others else "-",
+            _fmt(others.deals / others.n) if others else "-",
+        )
+    updates = [
+        f"{spec}: version {u.report.policy_version} after day {u.day} ({u.report.updates} update(s), "
+        f"{u.report.pending} group(s) waiting)"
+        for spec, u in watch.learners.items()
+    ]
+    table.caption = "; ".join(updates)
+    return table
 
 
 @dataclass(slots=True)
@@ -49,6 +103,10 @@ class MarketWatch:
         self.ongoing: dict[str, _Ongoing] = {}
         self.ticker: deque[NegotiationEnded] = deque(maxlen=TICKER)
         self.started = time.perf_counter()
+        self.learners: dict[str, LearnerUpdated] = {}
+        """The latest update of each learner in the market."""
+        self.by_day: dict[tuple[int, bool], _DayCell] = {}
+        """Per (day, learning?) running sums over the negotiations that did not fail."""
 
     def __call__(self, event: object) -> None:
         if isinstance(event, TurnPlayed):
@@ -68,8 +126,13 @@ class MarketWatch:
             elif kind is EndKind.DEAL:
                 self.deals += 1
                 self.ticker.appendleft(event)
+            if event.job.day is not None and kind is not EndKind.ERROR:
+                key = (event.job.day, event.job.policy_version is not None)
+                self.by_day.setdefault(key, _DayCell()).add(event)
         elif isinstance(event, DayStarted):
             self.day = event.day
+        elif isinstance(event, LearnerUpdated):
+            self.learners[event.spec] = event
 
     @property
     def rate(self) -> float:
@@ -165,7 +228,10 @@ class LiveView:
             ongoing.add_column(col, overflow="ellipsis", no_wrap=True)
         for row in list(w.ongoing.values())[:MAX_ROWS]:
             ongoing.add_row(*_ongoing_cells(row))
-        return Group(ongoing, deal_tape(w), stats_table(w), self.progress)
+        parts = [ongoing, deal_tape(w), stats_table(w)]
+        if w.learners or any(learning for _, learning in w.by_day):
+            parts.append(learning_table(w))
+        return Group(*parts, self.progress)
 
     def __enter__(self) -> LiveView:
         self.live.__enter__()
@@ -188,6 +254,14 @@ class PlainProgress:
             self.console.print(
                 f"day {event.day}: {event.negotiations} negotiations, {event.deals} deals, {event.errors} errors, "
                 f"{event.units} units, revenue {event.revenue:,.0f}  [{w.done}/{w.expected} done]",
+                highlight=False,
+            )
+        elif isinstance(event, LearnerUpdated):
+            r = event.report
+            extra = ", ".join(f"{k} {v:.3f}" for k, v in r.metrics.items() if k != "seconds")
+            self.console.print(
+                f"day {event.day}: {event.spec} learned: {r.updates} update(s), now version {r.policy_version}, "
+                f"{r.pending} group(s) waiting" + (f" ({extra})" if extra else ""),
                 highlight=False,
             )
         elif isinstance(event, NegotiationEnded) and time.perf_counter() - self._last > self.every_s:

@@ -15,7 +15,7 @@ from nego.agents.threads import THREADS_HELP, set_threads
 from nego.market.events import EventBus
 from nego.market.locks import DirectoryBusy, exclusive_run
 from nego.market.protocol import ProtocolConfig
-from nego.market.summary import summarize
+from nego.market.summary import learning_days, summarize
 from nego.market.transcripts import TranscriptWriter, read_negotiations
 from rich.console import Console
 from rich.table import Table
@@ -64,6 +64,15 @@ class SimulateConfig:
         default=None, metadata={"help": "Transcript directory (default runs/simulate-seed<SEED>); rerun to resume."}
     )
     threads: int = _f(0, THREADS_HELP)
+    learn: str | None = _f(
+        None,
+        "A seller that learns while the market runs: a registered model (tiny, NAME-rl), hf:PATH (GRPO), or "
+        "'tuner' (a UCB concession tuner); it trades as NAME-learning beside --sellers.",
+    )
+    learn_sellers: int = _f(4, "Seller agents trading under the learning spec (and as many more buyers).")
+    learn_group: int = _f(4, "Negotiations each learning pair plays of its scenario per day: its GRPO group.")
+    learn_batch: int = _f(4, "Groups per policy update; groups that do not fill one wait for the next day.")
+    learn_lr: float = _f(0.0, "Learning rate of a GRPO learner (0: the model's training default).")
     model: ModelOptions = field(default_factory=ModelOptions)
     """Model agents' settings (the shared ``--base-url``, ``--template``, ... options)."""
 
@@ -76,6 +85,9 @@ class SimulateConfig:
             "concurrency": 1,
             "max_retries": 0,
             "threads": 0,
+            "learn_sellers": 1,
+            "learn_group": 1,
+            "learn_batch": 1,
         }
         for name, low in least.items():
             if getattr(self, name) < low:
@@ -128,6 +140,8 @@ class SimulationResult:
     negotiations: pl.DataFrame
     days: pl.DataFrame
     skipped: int
+    registered: list[str] = field(default_factory=list)
+    """Models the run's learners registered (``nego simulate --learn``)."""
 
 
 def run_simulation(
@@ -141,12 +155,18 @@ def run_simulation(
     factories = {spec: resolve(spec, settings) for spec in {*cfg.sellers, *cfg.buyers}}  # fail fast on a bad spec
     scenarios = load_scenario_source(cfg.scenarios) if cfg.scenarios else None
     sellers = [SellerSetup(cfg.sellers[i % len(cfg.sellers)], cfg.inventory) for i in range(cfg.negotiations)]
-    buyers = [BuyerSetup(cfg.buyers[i % len(cfg.buyers)], cfg.demand) for i in range(cfg.negotiations)]
+    n_buyers = cfg.negotiations + (cfg.learn_sellers if cfg.learn else 0)
+    buyers = [BuyerSetup(cfg.buyers[i % len(cfg.buyers)], cfg.demand) for i in range(n_buyers)]
     bus = bus or EventBus()
     console = console or Console()
-    watch = MarketWatch(expected=cfg.days * cfg.negotiations)
+    watch = MarketWatch(expected=cfg.days * n_buyers)
     bus.subscribe(watch)
     with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"):
+        learners = []
+        if cfg.learn:
+            learner = _learner(cfg, console)
+            learners.append(learner)
+            sellers += [SellerSetup(learner.spec, cfg.inventory) for _ in range(cfg.learn_sellers)]
         writer = TranscriptWriter(cfg.out_dir, flush_every=256)
         skipped = len(writer.completed_ids())
         protocol = ProtocolConfig(max_retries=cfg.max_retries, turn_timeout_s=cfg.turn_timeout_s)
@@ -163,6 +183,7 @@ def run_simulation(
             protocol=protocol,
             bus=bus,
             writer=writer,
+            learners=learners,
         )
         with model, writer:
             try:
@@ -174,8 +195,36 @@ def run_simulation(
                     days = model.run()
             finally:
                 model.run_coroutine(model.market.aclose())
+        registered = [_register(learner, cfg) for learner in learners]
     negotiations = read_negotiations(cfg.out_dir, latest=True)
-    return SimulationResult(cfg.out_dir, negotiations, days, skipped)
+    return SimulationResult(cfg.out_dir, negotiations, days, skipped, [r for r in registered if r])
+
+
+def _learner(cfg: SimulateConfig, console: Console):
+    """The learner ``--learn`` names, its state under the run directory (``learners/SPEC``)."""
+    from nego.training.learners import learner_spec, make_learner
+
+    assert cfg.learn is not None
+    return make_learner(
+        cfg.learn,
+        cfg.out_dir / "learners" / learner_spec(cfg.learn),
+        group_size=cfg.learn_group,
+        groups_per_update=cfg.learn_batch,
+        lr=cfg.learn_lr,
+        seed=cfg.seed,
+        threads=cfg.threads,
+        echo=lambda line: console.print(line, highlight=False, markup=False),
+    )
+
+
+def _register(learner: object, cfg: SimulateConfig) -> str:
+    """Register a GRPO learner's policy as ``SPEC-simSEED`` once it has been updated; '' if nothing to register."""
+    register = getattr(learner, "register", None)
+    if register is None or not getattr(learner, "policy_version", 0):
+        return ""
+    name = f"{learner.spec}-sim{cfg.seed}"  # type: ignore[attr-defined]
+    register(name)
+    return name
 
 
 SPEC_COLUMNS = {
@@ -202,6 +251,18 @@ DAY_COLUMNS = {
 }
 
 
+LEARNING_COLUMNS = {
+    "day": ("day", "{:d}"),
+    "policy_version": ("version", "{:d}"),
+    "n": ("n", "{:d}"),
+    "utility": ("u_seller", "{:.3f}"),
+    "deal_rate": ("deal rate", "{:.2f}"),
+    "invalid_rate": ("invalid", "{:.3f}"),
+    "others_utility": ("others u", "{:.3f}"),
+    "others_deal_rate": ("others deal", "{:.2f}"),
+}
+
+
 def print_summary(result: SimulationResult, console: Console) -> None:
     """The end-of-run tables: per seller and per buyer spec (and model usage, if any), per day, and where the
     transcripts are. Spec names are never cut, whatever the terminal's width."""
@@ -214,12 +275,18 @@ def print_summary(result: SimulationResult, console: Console) -> None:
         if (summary["tokens"].fill_null(0) > 0).any() or (summary["cost_usd"].fill_null(0) > 0).any():
             tables.append(_table(f"Model usage per {by}", summary, USAGE_COLUMNS, width, "spec"))
     tables.append(_table("Market days", result.days, DAY_COLUMNS, width, optional=("demand left", "stock left")))
+    learning = learning_days(result.negotiations)
+    if learning.height:
+        title = "Learning seller per day (its rollouts included) beside the fixed sellers"
+        tables.append(_table(title, learning, LEARNING_COLUMNS, width, "seller", optional=("n", "invalid")))
     for table in tables:
         console.print()
         console.print(table)
     if result.skipped:
         console.print(f"resumed: {result.skipped} negotiations were already complete on disk", highlight=False)
     console.print(f"transcripts: {result.out_dir}/negotiations and {result.out_dir}/turns (Parquet)", highlight=False)
+    for name in result.registered:
+        console.print(f"registered {name}: the learning seller's policy at the end of the run", highlight=False)
 
 
 def _table(

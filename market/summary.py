@@ -38,6 +38,37 @@ SUMMARY_SCHEMA = pl.Schema(
 invalid attempts over its attempts; ``tokens`` and ``cost_usd`` are what this side's agents spent."""
 
 
+def learning_days(negotiations: pl.DataFrame) -> pl.DataFrame:
+    """Per day: each learning seller's negotiations (its rollouts included), deal rate, mean utility, invalid moves
+    per seller turn and the policy version that played, next to the fixed sellers' deal rate and mean utility.
+    Learning sellers are those whose negotiations carry a policy version; empty if there are none."""
+    latest = negotiations.filter(pl.col("attempt") == pl.col("attempt").max().over("negotiation_id"))
+    ok = latest.filter((pl.col("end_reason") != EndReason.ERROR.value) & pl.col("day").is_not_null())
+    learning = set(ok.filter(pl.col("policy_version").is_not_null())["seller"].unique().to_list())
+    if not learning:
+        return pl.DataFrame()
+    others = (
+        ok.filter(~pl.col("seller").is_in(list(learning)))
+        .group_by("day")
+        .agg(
+            pl.col("agreed").cast(pl.Float64).mean().alias("others_deal_rate"),
+            pl.col("seller_utility").mean().alias("others_utility"),
+        )
+    )
+    mine = (
+        ok.filter(pl.col("seller").is_in(list(learning)))
+        .group_by("day", "seller")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("agreed").cast(pl.Float64).mean().alias("deal_rate"),
+            pl.col("seller_utility").mean().alias("utility"),
+            (pl.col("invalid_seller").sum() / pl.col("turns_seller").sum()).alias("invalid_rate"),
+            pl.col("policy_version").max().alias("policy_version"),
+        )
+    )
+    return mine.join(others, on="day", how="left").sort("seller", "day")
+
+
 def summarize(negotiations: pl.DataFrame, by: Side = "seller") -> pl.DataFrame:
     """Summary per ``by`` spec of a negotiations table (only the latest attempt of each negotiation counts)."""
     if by not in ("seller", "buyer"):

@@ -86,3 +86,19 @@ def test_the_market_trains_a_policy_version_per_day_and_resumes_exactly_after_si
         _weights(cut / "learner" / "checkpoints" / "checkpoint-3"),
     )
     assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_nego_simulate_learn_trains_a_registered_model_and_registers_the_result(home, tmp_path):
+    from nego.agents.model_registry import lookup
+    from nego.cli.app import app
+    from typer.testing import CliRunner
+
+    out = tmp_path / "sim"
+    args = ["simulate", "--learn", "tiny", "--days", "2", "--negotiations", "2", "--learn-sellers", "2"]
+    args += ["--learn-group", "2", "--learn-batch", "2", "--threads", "1", "--out", str(out), "--no-live"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "registered tiny-learning-sim0" in res.output and "Learning seller per day" in res.output
+    entry = lookup("tiny-learning-sim0")
+    assert entry is not None and entry.format == "compact" and entry.steps == 2 and entry.base == "tiny"
+    assert (out / "learners" / "tiny-learning" / "checkpoints" / "checkpoint-2").is_dir()
