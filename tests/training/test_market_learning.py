@@ -47,7 +47,7 @@ def _run(directory: Path, days: int, kill_after_day: int | None = None) -> bool:
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            if kill_after_day is not None and line.strip() == f"learned {kill_after_day}":
+            if kill_after_day is not None and line.startswith(f"day {kill_after_day}: tiny-learning learned"):
                 time.sleep(0.3)  # into the next day's negotiations
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -65,25 +65,26 @@ def _weights(path: Path):
     return load_file(str(path / "model.safetensors"))
 
 
-def test_the_market_trains_a_policy_version_per_day_and_resumes_exactly_after_sigkill(home, tmp_path):
+def test_simulate_learn_trains_a_policy_version_per_day_and_resumes_exactly_after_sigkill(home, tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
+    learner = Path("learners") / "tiny-learning"
     assert not _run(whole, 3)
-    state = json.loads((whole / "learner" / "state.json").read_text())
+    state = json.loads((whole / learner / "state.json").read_text())
     assert (state["day"], state["version"], state["checkpoint"]) == (3, 3, "checkpoint-3")
-    log = pl.read_parquet(whole / "learner" / "train_log.parquet")
+    log = pl.read_parquet(whole / learner / "train_log.parquet")
     assert log["day"].to_list() == [1, 2, 3] and log["update"].to_list() == [1, 2, 3]
-    rows = read_negotiations(whole / "transcripts")
+    rows = read_negotiations(whole)
     mine = rows.filter(pl.col("seller") == "tiny-learning")
     assert sorted(set(mine["policy_version"].to_list())) == [0, 1, 2] and mine["reward"].is_not_null().all()
 
     assert _run(cut, 3, kill_after_day=2)
     assert not _run(cut, 3)
-    a, b = read_negotiations(whole / "transcripts"), read_negotiations(cut / "transcripts")
+    a, b = read_negotiations(whole), read_negotiations(cut)
     drop = [c for c in TIMING_COLUMNS if c in a.columns]
     assert a.height == b.height and a.drop(drop).equals(b.drop(drop))
     wa, wb = (
-        _weights(whole / "learner" / "checkpoints" / "checkpoint-3"),
-        _weights(cut / "learner" / "checkpoints" / "checkpoint-3"),
+        _weights(whole / learner / "checkpoints" / "checkpoint-3"),
+        _weights(cut / learner / "checkpoints" / "checkpoint-3"),
     )
     assert all((wa[k] == wb[k]).all() for k in wa)
 
