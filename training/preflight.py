@@ -105,12 +105,12 @@ class TrainPlan:
             vllm = f"; vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
         budget = f"{self.time_budget_min} min" if self.time_budget_min else "none (runs to --steps)"
         lines = [
-            f"preflight: {self.model} ({f.model_class}, {f.total / 1e9:.2f}B parameters, "
-            f"{f.text / 1e9:.2f}B in the text model) on {gpu}",
+            f"preflight: {self.model} ({f.model_class}, {_count(f.total)} parameters, "
+            f"{_count(f.text)} in the text model) on {gpu}",
             f"  episodes: {lg.source}; tokens after the prompt {lg.episode}; prompt {lg.prompt}; "
             f"seller turns {lg.turns}",
             f"  max_tokens {self.max_tokens}: {self.max_tokens_why}; sequences up to {self.seq_len} tokens",
-            f"  finetune {self.finetune} ({self.trainable / 1e6:.1f}M trainable parameters): {self.finetune_why}",
+            f"  finetune {self.finetune} ({_count(self.trainable)} trainable parameters): {self.finetune_why}",
             f"  batch: {self.sequences} sequences per step = micro-batch {self.micro_batch} x {self.grad_accum} "
             f"accumulation steps (per_device_train_batch_size={self.micro_batch}, "
             f"gradient_accumulation_steps={self.grad_accum}); {rows}{vllm}",
@@ -118,6 +118,10 @@ class TrainPlan:
             f"  time budget: {budget}",
         ]
         return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 def usable_bytes(gpu_bytes: int | None) -> int | None:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+NAME = "stand-in Gemma-style BPE"
 BOS, EOS, PAD = "<bos>", "<end_of_turn>", "<pad>"
 START = "<start_of_turn>"
 SPECIAL_TOKENS = (PAD, EOS, BOS, START)
@@ -71,4 +72,5 @@ def gemma_style_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int =
         tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, padding_side="left"
     )
     tok.chat_template = GEMMA_STYLE_TEMPLATE
+    tok.name_or_path = NAME
     return tok
