@@ -212,6 +212,13 @@ def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings, where:
 
 
 def _hf(path_or_id: str, settings: LLMSettings, spec: str | None = None) -> LLMFactory:
+    from .backends.base import BackendError
+    from .backends.hf_loading import resolve_source
+
+    try:
+        resolve_source(path_or_id)  # a missing directory or an unreachable download fails before torch loads
+    except BackendError as e:
+        raise ModelSpecError(f"hf:{path_or_id}: {e}") from None
     try:
         from .backends.hf import HFBackend
     except ModuleNotFoundError as e:
@@ -241,7 +248,20 @@ def _size_alias(alias: str, settings: LLMSettings) -> LLMFactory:
     server = settings.vllm_url or settings.base_url
     if server:
         return _vllm_factory(alias, hub_id, server, settings, _VLLM_URL_SOURCE)
+    _require_gpu(alias, hub_id, f"`vllm serve {hub_id}` on a GPU machine (then also vllm:{hub_id}@http://HOST:8000)")
     return _hf(hub_id, settings, spec=alias)
+
+
+def _require_gpu(spec: str, model: str, serve: str) -> None:
+    """Fail at once, before any download, when a Gemma-sized model would be played in this process without a GPU."""
+    from .backends.hf_loading import gpu_visible
+
+    if not gpu_visible():
+        raise ModelSpecError(
+            f"{spec} plays {model} in this process, which needs a CUDA GPU; none is visible. Instead: serve it with "
+            f"{serve} and pass --base-url http://HOST:8000 (or set NEGO_VLLM_URL); play an API model "
+            "(openai:gpt-5-mini, anthropic:claude-haiku-4-5); or play a small local checkpoint on this CPU (hf:PATH)"
+        )
 
 
 def _registered(name: str, settings: LLMSettings):
@@ -280,6 +300,9 @@ def _registered(name: str, settings: LLMSettings):
     server = settings.vllm_url or settings.base_url
     if server:
         return _vllm_factory(name, entry.path, server, settings, _VLLM_URL_SOURCE)
+    if entry.config.get("model") in SIZE_ALIASES:
+        serve = f"the vLLM line `nego models --serve {name}` prints"
+        _require_gpu(name, f"a Gemma 4 {entry.config['model']} seller", serve)
     return _hf(entry.path, settings, spec=name)
 
 

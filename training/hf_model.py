@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from nego.agents.backends.base import BackendError
+from nego.agents.backends.hf_loading import gpu_visible, resolve_source
+
 from .config import GEMMA_SIZES, ConfigError, TrainConfig
+
+ON_CPU = "on a CPU, train the built-in tiny seller (--model tiny) or a small local chat checkpoint (--model hf:PATH)"
 
 
 def model_source(cfg: TrainConfig) -> str:
@@ -14,35 +19,45 @@ def model_source(cfg: TrainConfig) -> str:
 
 
 def check_environment(cfg: TrainConfig) -> None:
-    """Fail before loading anything when the run cannot work here (no GPU for Gemma, vLLM requested but absent)."""
-    import torch
-
-    if cfg.model in GEMMA_SIZES and not torch.cuda.is_available():
-        raise ConfigError(f"model {cfg.model!r} ({GEMMA_SIZES[cfg.model]}) needs a CUDA GPU; none is visible")
+    """Fail before loading anything when the run cannot work here (no GPU for Gemma, vLLM requested but absent);
+    a CPU-only torch build is recognised without importing torch."""
+    gpu = gpu_visible()
+    if cfg.model in GEMMA_SIZES and not gpu:
+        hub_id = GEMMA_SIZES[cfg.model]
+        raise ConfigError(f"model {cfg.model!r} ({hub_id}) needs a CUDA GPU and none is visible; {ON_CPU}")
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ConfigError("use_vllm needs vLLM on a GPU machine: pip install 'nego[train,vllm]'")
-    if cfg.use_vllm and not torch.cuda.is_available():
-        raise ConfigError("use_vllm needs a CUDA GPU")
+    if cfg.use_vllm and not gpu:
+        raise ConfigError("use_vllm needs a CUDA GPU; none is visible")
+
+
+def checkpoint_source(cfg: TrainConfig) -> tuple[str, bool]:
+    """(path or hub id, load from local files only) of the checkpoint, or ConfigError saying what to do: a missing
+    local directory says so; a hub id that is neither cached nor downloadable (``HF_HUB_OFFLINE``, no network)
+    says how to get it."""
+    try:
+        source = resolve_source(model_source(cfg))
+    except BackendError as e:
+        raise ConfigError(f"model: {e}") from None
+    return source.path_or_id, source.local_only
 
 
 def load_chat_model(cfg: TrainConfig) -> tuple[Any, Any]:
     """(model, tokenizer) in bf16 on a GPU (fp32 on CPU); the tokenizer must carry a prefix-preserving chat template."""
+    check_environment(cfg)
+    source, local_only = checkpoint_source(cfg)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .chat_rollout import user_suffix_ids
 
-    check_environment(cfg)
-    source = model_source(cfg)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32
+            source, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32, local_files_only=local_only
         )
     except OSError as e:
-        raise ConfigError(
-            f"cannot load checkpoint {source!r}: {e}. Download it first (hf download {source}) or pass hf:PATH"
-        ) from None
+        raise ConfigError(f"cannot load checkpoint {source!r}: {e}") from None
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{source}: the tokenizer has no chat template; chat-format training needs one")
     user_suffix_ids(tokenizer, "check")

@@ -115,7 +115,7 @@ async def test_persistent_failures_and_long_retry_after_raise_backend_error(serv
 
 @BOTH
 async def test_timeouts_are_retried_then_given_up(server, kind):
-    server.control.latency_s = 3.0  # far beyond the timeout, which leaves time for a request to arrive on a busy machine
+    server.control.latency_s = 3.0  # far past the timeout, which leaves a busy machine time to send the request
     policy = RetryPolicy(max_attempts=2, base_delay_s=0.001, timeout_s=0.5)
     with pytest.raises(BackendError, match=r"no reply within 0\.5 s"):
         await make_backend(kind, server, policy=policy).complete(request(True))

@@ -59,12 +59,16 @@ def test_vllm_specs_and_size_aliases(monkeypatch):
 
 
 def test_size_alias_without_a_server_loads_in_process(monkeypatch):
+    from nego.agents.backends import hf_loading
+
     loaded = []
 
     def fake_from_spec(path_or_id, **kw):
         loaded.append(path_or_id)
         raise hf.BackendError(f"could not load model {path_or_id!r}: HF_HUB_OFFLINE is set")
 
+    monkeypatch.setattr(hf_loading, "gpu_visible", lambda: True)
+    monkeypatch.setattr(hf_loading, "resolve_source", lambda p: hf_loading.Source(p, True))
     monkeypatch.setattr(hf.HFBackend, "from_spec", staticmethod(fake_from_spec))
     with pytest.raises(ModelSpecError, match="HF_HUB_OFFLINE"):
         resolve_model_spec("2.3b")

@@ -60,7 +60,7 @@ def test_cli_errors_are_clear_and_early():
     r = CliRunner().invoke(app, ["--model", "4.5b", "--lr", "3e-6"])
     assert r.exit_code == 2 and "needs a CUDA GPU" in r.output  # before any download is attempted
     r = CliRunner().invoke(app, ["--model", "hf:/nonexistent/model"])
-    assert r.exit_code == 2 and "cannot load checkpoint" in r.output
+    assert r.exit_code == 2 and "/nonexistent/model: it does not exist" in r.output
 
 
 def test_training_into_a_run_directory_in_use_is_refused_before_anything_loads(tmp_path):

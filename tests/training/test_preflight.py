@@ -1,0 +1,214 @@
+"""Preflight for real models: published Gemma 4 shapes, episode lengths in the chat layout, memory and the plan."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nego.agents.registry import resolve
+from nego.market.marketplace import Job, child_seeds, run_jobs
+from nego.market.protocol import run_negotiation
+from nego.scenarios.scenario import Role
+from nego.training.chat_rollout import ChatNegotiator
+from nego.training.config import DEFAULT_TRAIN_BUYERS, TrainConfig
+from nego.training.episode_lengths import (
+    EpisodeLengths,
+    Spread,
+    eos_id,
+    measure_episode_lengths,
+    render_episode,
+    reply_text,
+)
+from nego.training.gemma4_shapes import FULL, SHAPES, build_config, layer_types
+from nego.training.memory_model import GiB, model_facts
+from nego.training.preflight import PreflightError, TrainPlan, episode_cap, plan, usable_bytes
+from nego.training.rollout import split_scenarios
+from nego.training.stand_in_tokenizer import gemma_style_tokenizer
+
+MiB = 2**20
+# total memory as nvidia-smi reports it for one GPU of each class
+GPUS = {24: 24564 * MiB, 48: 46068 * MiB, 80: 81559 * MiB, 141: 143771 * MiB}
+# Gemma-tokenizer-like lengths at 10 rounds (chat layout, rule sellers): median ~690, most over 512
+LENGTHS = EpisodeLengths(
+    64, 10, Spread(693, 1047, 1330, 1330), Spread(779, 925, 1015, 1015), Spread(7, 9, 10, 10), "recorded"
+)
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return {alias: model_facts(build_config(alias)) for alias in SHAPES}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return gemma_style_tokenizer()
+
+
+def test_published_shapes_count_what_the_model_cards_say(facts):
+    e4b, e2b = facts["4.5b"], facts["2.3b"]
+    assert e4b.model_class == "Gemma4ForConditionalGeneration"
+    assert abs(e4b.text / 1e9 - 7.46) < 0.01 and abs(e4b.total / 1e9 - 7.94) < 0.01  # "8B with embeddings"
+    assert abs(e2b.text / 1e9 - 4.63) < 0.01 and abs(e2b.total / 1e9 - 5.10) < 0.01  # "5.1B with embeddings"
+    assert facts["12b"].model_class == "Gemma4UnifiedForConditionalGeneration" and facts["12b"].towers < 0.1e9
+    assert abs(facts["31b"].text / 1e9 - 30.70) < 0.01
+    # the KV-shared tail keeps no caches: E4B's last 18 of 42 layers, E2B's last 20 of 35
+    assert (len(e4b.cache_layers), len(e2b.cache_layers)) == (24, 15)
+
+
+def test_attention_follows_the_published_five_to_one_pattern():
+    types = build_config("4.5b").get_text_config().layer_types
+    assert [i for i, t in enumerate(types) if t == FULL] == [5, 11, 17, 23, 29, 35, 41]
+    e2b = build_config("2.3b").get_text_config().layer_types
+    assert [i for i, t in enumerate(e2b) if t == FULL] == list(range(4, 35, 5))
+    assert layer_types(12, 6)[0] != FULL and layer_types(12, 6)[5] == FULL
+    cut = build_config("4.5b", layers=12).get_text_config()
+    assert cut.num_hidden_layers == 12 and cut.num_kv_shared_layers == 5 and cut.layer_types[11] == FULL
+    with pytest.raises(ValueError, match="multiple of its attention period 6"):
+        build_config("4.5b", layers=10)
+
+
+# (size, GPU GB) -> (chosen with no --finetune, --finetune full given, --finetune lora given); None = refused
+TABLE = {
+    ("2.3b", 24): ("lora", None, "lora"),
+    ("2.3b", 48): ("lora", "full", "lora"),
+    ("2.3b", 80): ("full", "full", "lora"),
+    ("2.3b", 141): ("full", "full", "lora"),
+    ("4.5b", 24): ("lora", None, "lora"),
+    ("4.5b", 48): ("lora", None, "lora"),
+    ("4.5b", 80): ("lora", "full", "lora"),
+    ("4.5b", 141): ("full", "full", "lora"),
+    ("12b", 24): (None, None, None),
+    ("12b", 48): ("lora", None, "lora"),
+    ("12b", 80): ("lora", None, "lora"),
+    ("12b", 141): ("lora", "full", "lora"),
+    ("31b", 24): (None, None, None),
+    ("31b", 48): (None, None, None),
+    ("31b", 80): ("lora", None, "lora"),
+    ("31b", 141): ("lora", None, "lora"),
+}
+
+
+@pytest.mark.parametrize(("size", "gb"), sorted(TABLE))
+def test_plan_table(facts, size, gb):
+    requests = [(TrainConfig(model=size), ())]
+    requests += [(TrainConfig(model=size, finetune=m), {"finetune"}) for m in ("full", "lora")]
+    lora_fits = TABLE[size, gb][2] is not None
+    for (cfg, given), want in zip(requests, TABLE[size, gb], strict=True):
+        if want is None:
+            with pytest.raises(PreflightError) as err:
+                plan(cfg, GPUS[gb], facts=facts[size], lengths=LENGTHS, given=given)
+            msg = str(err.value)
+            assert ("use --finetune lora" in msg) == (cfg.finetune == "full" and bool(given) and lora_fits)
+            assert ("larger GPU" in msg) == (not lora_fits)
+            continue
+        p = plan(cfg, GPUS[gb], facts=facts[size], lengths=LENGTHS, given=given)
+        assert p.finetune == want
+        assert p.micro_batch * p.grad_accum == p.sequences == 64 and 1 <= p.micro_batch <= 8
+        assert p.memory.peak <= usable_bytes(GPUS[gb]) and p.time_budget_min == 0.0
+        assert p.max_tokens == episode_cap(LENGTHS) and p.max_tokens >= LENGTHS.episode.p99
+
+
+def test_refusals_name_the_flag_to_change(facts):
+    e4b = facts["4.5b"]
+    with pytest.raises(PreflightError, match=r"full fine-tuning needs at least \d+\.\d GiB.*use --finetune lora"):
+        plan(TrainConfig(model="4.5b", finetune="full"), GPUS[48], facts=e4b, lengths=LENGTHS, given={"finetune"})
+    with pytest.raises(PreflightError, match=r"below the measured 99th percentile.*--max-tokens to 1664.*--max-rounds"):
+        plan(TrainConfig(model="4.5b", max_tokens=512), GPUS[80], facts=e4b, lengths=LENGTHS, given={"max_tokens"})
+    with pytest.raises(PreflightError, match=r"needs a CUDA GPU.*--model hf:PATH"):
+        plan(TrainConfig(model="4.5b"), None, facts=e4b, lengths=LENGTHS)
+    with pytest.raises(PreflightError, match=r"weights alone need .*smaller --model \(2\.3b, 4\.5b, 12b\)"):
+        plan(TrainConfig(model="31b", finetune="lora"), GPUS[48], facts=facts["31b"], lengths=LENGTHS)
+
+
+def test_what_the_user_gives_is_kept(facts):
+    cfg = TrainConfig(model="4.5b", max_tokens=2048, time_budget_min=30.0)
+    p = plan(cfg, GPUS[80], facts=facts["4.5b"], lengths=LENGTHS, given={"max_tokens", "time_budget_min"})
+    assert (p.max_tokens, p.time_budget_min) == (2048, 30.0) and "given" in p.max_tokens_why
+    applied = p.apply(TrainConfig(model="4.5b"))
+    assert (applied.max_tokens, applied.finetune, applied.time_budget_min) == (2048, "lora", 30.0)
+    text = p.describe()
+    assert "max_tokens 2048: given (--max-tokens)" in text and "finetune lora" in text and "30.0 min" in text
+
+
+def test_the_micro_batch_layout_makes_one_trl_generation_batch_per_step(facts, tmp_path):
+    from trl import GRPOConfig
+
+    p: TrainPlan = plan(TrainConfig(model="4.5b"), GPUS[48], facts=facts["4.5b"], lengths=LENGTHS)
+    assert p.micro_batch < p.sequences
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, num_generations=8, report_to="none", **p.grpo_overrides()
+    )
+    # rollout_func then sees every group of the step at once, and one optimizer step covers them all
+    assert args.generation_batch_size == p.sequences and args.steps_per_generation == p.grad_accum
+
+
+def test_vllm_colocated_reserves_room_for_its_own_copy_of_the_weights(facts):
+    e4b = facts["4.5b"]
+    p = plan(TrainConfig(model="4.5b", use_vllm=True), GPUS[80], facts=e4b, lengths=LENGTHS)
+    assert p.vllm_gpu_memory_utilization is not None
+    assert p.vllm_gpu_memory_utilization * GPUS[80] >= 2 * e4b.total and p.memory.reserved > 0
+    assert p.generation_rows_needed == 64  # dev evaluations still generate through transformers
+
+
+def test_rendered_episodes_match_what_the_chat_rollout_builds(tok):
+    """Replay rule-seller negotiations through the chat rollout's own negotiator, answering with the rule seller's
+    replies: the ids, masks and prompt must equal the rendering from the recorded result."""
+    scenarios = split_scenarios("train", 6, 6)
+    jobs = [Job(sc, "timedep:e=1", ("tft", "timedep:e=0.5")[i % 2], 100 + i) for i, sc in enumerate(scenarios)]
+    for job, result in zip(jobs, run_jobs(resolve, jobs), strict=True):
+        expected = render_episode(tok, job.scenario, result)
+        replies = iter([reply_text(t.action) for t in result.turns if t.role is Role.SELLER])
+        seller = ChatNegotiator(_Scripted(tok, replies), Role.SELLER, 0, None)
+        buyer = resolve(job.buyer)(Role.BUYER, child_seeds(job.seed)[1])
+        replay = asyncio.run(run_negotiation(job.scenario, seller, buyer, seed=job.seed))
+        assert replay.outcome == result.outcome
+        assert seller.trace.prompt == expected.prompt and seller.trace.ids == expected.ids
+        assert seller.trace.mask == expected.mask and sum(expected.mask) > 0
+
+
+class _Scripted:
+    """A stand-in for ChatPolicy that answers each generation request with the next scripted reply."""
+
+    max_new = 10_000
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.eos_id, self.batcher = tokenizer, replies, eos_id(tokenizer), self
+
+    async def submit(self, ids, max_new, temperature, generator):
+        out = [*self.tokenizer.encode(next(self.replies), add_special_tokens=False), self.eos_id]
+        return out, [0.0] * len(out)
+
+
+def test_measured_lengths_set_a_cap_the_old_default_was_under(tok):
+    lengths = measure_episode_lengths(tok, n=32, max_rounds=10, buyers=DEFAULT_TRAIN_BUYERS)
+    e = lengths.episode
+    assert lengths.episodes == 32 and e.p50 <= e.p90 <= e.p99 <= e.max and lengths.prompt.p50 > 100
+    assert 1 <= lengths.turns.max <= 10 * 3 and "tokenizer" in lengths.source
+    assert e.p99 > 512  # at 10 rounds most episodes are longer than the old 512-token cap
+    cap = episode_cap(lengths)
+    assert cap >= e.p99 * 1.25 and cap % 64 == 0
+
+
+def test_the_stand_in_tokenizer_has_gemma_turn_markers(tok):
+    from nego.training.chat_rollout import user_suffix_ids
+
+    ids = tok.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert ids == "<bos><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n"
+    suffix = tok.decode(user_suffix_ids(tok, "Rounds left: 2"))
+    assert suffix == "\n<start_of_turn>user\nRounds left: 2<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.eos_token == "<end_of_turn>"
+
+
+def test_memory_arithmetic_matches_the_stated_bytes_per_parameter(facts):
+    from nego.training.memory_model import state_bytes
+
+    e4b = facts["4.5b"]
+    w, g, o = state_bytes(e4b, "full", 0)
+    assert (w, g, o) == (2 * e4b.total, 2 * e4b.text, 4 * e4b.text)
+    assert (w + g + o) / GiB > 55  # does not fit one 48 GB GPU before any activation
+    w, g, o = state_bytes(e4b, "lora", 16)
+    assert g == 4 * e4b.lora(16) and o == 8 * e4b.lora(16) and w == 2 * e4b.total + 4 * e4b.lora(16)

@@ -1,0 +1,208 @@
+"""GPU memory of a GRPO run, by arithmetic on the model's shape: nothing is allocated.
+
+The model is built on the meta device from its config (parameters have shapes, no storage), which gives exact
+parameter counts, the LoRA parameters ``target_modules="all-linear"`` adds, and each layer's key-value width. The
+byte counts then follow from how this stack trains:
+
+- weights in bf16 (2 bytes per parameter), as ``nego`` loads real models on a GPU;
+- full fine-tuning: bf16 gradients and AdamW's two moments created like the parameters (``torch.optim.AdamW``
+  uses ``zeros_like``), so 2 + 2 + 2 + 2 = 8 bytes per trained parameter; the Trainer's bf16 mode autocasts a bf16
+  model and keeps no fp32 master copy. Vision and audio towers never receive gradients in text-only training, so
+  they cost only their weights;
+- LoRA: frozen bf16 weights, adapters in fp32 (PEFT upcasts adapters of a bf16 model), fp32 gradients and
+  moments: 16 bytes per adapter parameter;
+- training activations of one micro-batch with gradient checkpointing: the hidden state saved at every layer
+  boundary, the per-layer embedding inputs, one layer's recomputed activations and their gradients, and the
+  micro-batch's logits over the vocabulary in fp32 (an upper bound: TRL 1.16 scores log-probs in tiles);
+- rollouts through transformers (``agents.compact.generate_turns``): each row's key-value cache (sliding-window
+  layers keep at most the window), the prefill's logits for every position of every row in bf16 plus the
+  soft-capped copy, and one layer's prefill activations. Gradients are freed between steps; weights and optimizer
+  states stay through the rollouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GiB = 2**30
+WEIGHT_BYTES = 2
+FULL_TRAINED_BYTES = 6  # gradient + two AdamW moments, bf16
+LORA_BYTES = 16  # fp32 adapter weight, gradient, two moments
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayer:
+    """A decoder layer that keeps its own key-value cache: the key width (heads x head dim) and its window
+    (0 = full attention)."""
+
+    kv_width: int
+    window: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What the estimate needs to know about a model, read off a meta-device instance of it."""
+
+    model_class: str
+    total: int
+    text: int
+    lora_per_rank: int
+    hidden: int
+    layers: int
+    vocab: int
+    widest_mlp: int
+    widest_q: int
+    per_layer_input: int
+    cache_layers: tuple[CacheLayer, ...]
+
+    def lora(self, rank: int) -> int:
+        return self.lora_per_rank * rank
+
+    @property
+    def towers(self) -> int:
+        return self.total - self.text
+
+
+def model_facts(model_config: Any) -> ModelFacts:
+    """Build the model of ``model_config`` on the meta device with ``AutoModelForCausalLM`` (the class ``nego``
+    loads) and read its sizes; about a second for Gemma 4 E4B, no memory allocated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    text_cfg = model_config.get_text_config()
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    text = sum(p.numel() for p in decoder.parameters())
+    if head is not None and head.weight is not model.get_input_embeddings().weight:
+        text += head.weight.numel()
+    widest_mlp = widest_q = 0
+    caches = []
+    for layer in decoder.layers:
+        attn = layer.self_attn
+        widest_q = max(widest_q, attn.q_proj.out_features)
+        mlp = layer.mlp
+        widest_mlp = max(widest_mlp, getattr(mlp, "up_proj", getattr(mlp, "gate_proj", None)).out_features)
+        if getattr(attn, "is_kv_shared_layer", False):
+            continue
+        sliding = bool(getattr(attn, "is_sliding", False) or getattr(attn, "sliding_window", None))
+        window = int(getattr(text_cfg, "sliding_window", 0) or 0) if sliding else 0
+        caches.append(CacheLayer(attn.k_proj.out_features, window))
+    ple = int(getattr(text_cfg, "hidden_size_per_layer_input", 0) or 0) * int(text_cfg.num_hidden_layers)
+    return ModelFacts(
+        model_class=type(model).__name__,
+        total=sum(p.numel() for p in model.parameters()),
+        text=text,
+        lora_per_rank=_lora_per_rank(model, head),
+        hidden=int(text_cfg.hidden_size),
+        layers=int(text_cfg.num_hidden_layers),
+        vocab=int(text_cfg.vocab_size),
+        widest_mlp=widest_mlp,
+        widest_q=widest_q,
+        per_layer_input=ple,
+        cache_layers=tuple(caches),
+    )
+
+
+def _lora_per_rank(model: Any, head: Any) -> int:
+    """LoRA parameters per unit of rank under PEFT's ``all-linear``: every ``nn.Linear`` but the output head,
+    each adding ``rank * (in + out)``."""
+    from torch import nn
+
+    return sum(m.in_features + m.out_features for m in model.modules() if isinstance(m, nn.Linear) and m is not head)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes of one GRPO process on one GPU, by part; ``peak`` is the larger of the training step and the
+    rollouts, each on top of the weights, the optimizer states and what a colocated vLLM engine reserves."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    generation: int
+    reserved: int = 0
+
+    @property
+    def training(self) -> int:
+        return self.weights + self.optimizer + self.reserved + self.gradients + self.activations
+
+    @property
+    def rollouts(self) -> int:
+        return self.weights + self.optimizer + self.reserved + self.generation
+
+    @property
+    def peak(self) -> int:
+        return max(self.training, self.rollouts)
+
+    def describe(self) -> str:
+        g = [x / GiB for x in (self.weights, self.gradients, self.optimizer, self.activations, self.generation)]
+        vllm = f" + vLLM {self.reserved / GiB:.1f}" if self.reserved else ""
+        return (
+            f"weights {g[0]:.1f} + gradients {g[1]:.1f} + optimizer {g[2]:.1f}{vllm} GiB; "
+            f"training step +{g[3]:.1f} activations = {self.training / GiB:.1f} GiB; "
+            f"rollouts +{g[4]:.1f} generation = {self.rollouts / GiB:.1f} GiB"
+        )
+
+
+def state_bytes(facts: ModelFacts, finetune: str, lora_rank: int) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes for ``full`` or ``lora`` fine-tuning."""
+    weights = WEIGHT_BYTES * facts.total
+    if finetune == "full":
+        return weights, 2 * facts.text, 4 * facts.text
+    adapters = facts.lora(lora_rank)
+    return weights + 4 * adapters, 4 * adapters, 8 * adapters
+
+
+def activation_bytes(facts: ModelFacts, micro_batch: int, seq_len: int) -> int:
+    """One micro-batch's training activations with gradient checkpointing (see the module docstring)."""
+    tokens = micro_batch * seq_len
+    checkpoints = facts.layers * tokens * facts.hidden * 2
+    per_layer_inputs = tokens * facts.per_layer_input * 2
+    # one layer recomputed for its backward: norms and residuals (~6 hidden), q/k/v/o, the gated MLP (~4 widest),
+    # saved in bf16 and matched by their gradients
+    kv = max((c.kv_width for c in facts.cache_layers), default=facts.widest_q)
+    layer = tokens * (6 * facts.hidden + 2 * facts.widest_q + 2 * kv + 4 * facts.widest_mlp) * 2 * 2
+    logits = tokens * facts.vocab * 4
+    return checkpoints + per_layer_inputs + layer + logits
+
+
+def kv_cache_bytes(facts: ModelFacts, rows: int, seq_len: int) -> int:
+    """Key-value cache of ``rows`` sequences of ``seq_len`` tokens in bf16 (keys and values)."""
+    per_token = sum(c.kv_width * (min(seq_len, c.window) if c.window else seq_len) for c in facts.cache_layers)
+    return rows * per_token * 2 * 2
+
+
+def generation_bytes(facts: ModelFacts, rows: int, seq_len: int) -> int:
+    """Rollouts through transformers with ``rows`` sequences read at once (see the module docstring)."""
+    tokens = rows * seq_len
+    logits = tokens * facts.vocab * 2 * 2
+    prefill = tokens * (4 * facts.hidden + 2 * facts.widest_mlp) * 2
+    return kv_cache_bytes(facts, rows, seq_len) + logits + prefill
+
+
+def estimate(
+    facts: ModelFacts,
+    finetune: str,
+    lora_rank: int,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    generation_rows: int,
+    vllm_reserved: int = 0,
+) -> MemoryEstimate:
+    """Bytes of a run with these choices; ``vllm_reserved`` is what a colocated vLLM engine holds all along (its own
+    weights and cache); ``generation_rows`` are the rows transformers reads at once (dev evaluations use it even
+    when vLLM generates the rollouts)."""
+    weights, gradients, optimizer = state_bytes(facts, finetune, lora_rank)
+    return MemoryEstimate(
+        weights,
+        gradients,
+        optimizer,
+        activation_bytes(facts, micro_batch, seq_len),
+        generation_bytes(facts, generation_rows, seq_len),
+        vllm_reserved,
+    )
