@@ -25,6 +25,8 @@ GEMMA_SIZES: dict[str, str] = {
     "31b": "google/gemma-4-31B-it",
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
+TINY_MAX_TOKENS = 512
+"""The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
 TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
 # Time-dependent buyers of random speed that may run out of patience (walk away at a round the seller cannot
 # see) or hold out above their reservation, plus tit-for-tat: a pool where holding out has a price.
@@ -54,10 +56,16 @@ class TrainConfig:
     beta: float = _f(0.0, "KL penalty towards the starting policy (0 = no reference model)")
     loss_type: str = _f("dapo", f"GRPO loss variant: {', '.join(LOSS_TYPES)}")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
-    finetune: str = _f("full", "full or lora (LoRA adapters; real models)")
+    finetune: str = _f(
+        "auto", "full, lora (LoRA adapters) or auto: full for tiny, chosen by the preflight for real models"
+    )
     lora_rank: int = _f(16, "LoRA rank when finetune = lora")
     max_rounds: int = _f(10, "rounds per negotiation during training (each side moves once per round)")
-    max_tokens: int = _f(512, "cap on one episode's tokens after the prompt; longer episodes are an error")
+    max_tokens: int = _f(
+        0,
+        "cap on one episode's tokens after the prompt (longer episodes are an error); 0 = auto: 512 for tiny, the "
+        "measured 99th percentile plus a margin for real models (the preflight)",
+    )
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),
         metadata={"help": "training buyer specs; a..b draws a parameter uniformly per negotiation"},
@@ -88,6 +96,21 @@ class TrainConfig:
         return self.model == TINY
 
     @property
+    def given(self) -> frozenset[str]:
+        """The fields a preflight must keep as set: the auto-able ones whose value is not the auto value."""
+        out = {"max_tokens"} if self.max_tokens else set()
+        if self.finetune != "auto":
+            out.add("finetune")
+        if self.time_budget_min:
+            out.add("time_budget_min")
+        return frozenset(out)
+
+    def resolved_tiny(self) -> TrainConfig:
+        """The tiny model's values for the auto fields (it is not planned: it trains on CPU with these)."""
+        finetune = "full" if self.finetune == "auto" else self.finetune
+        return replace(self, finetune=finetune, max_tokens=self.max_tokens or TINY_MAX_TOKENS)
+
+    @property
     def learning_rate(self) -> float:
         if self.lr:
             return self.lr
@@ -103,6 +126,8 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Return self, or raise :class:`ConfigError` naming the first impossible value."""
+        if self.is_tiny and self.finetune == "lora":
+            raise ConfigError("finetune: the tiny model trains fully (lora is for real models)")
         if self.model != TINY and self.model not in GEMMA_SIZES and not self.model.startswith("hf:"):
             raise ConfigError(f"model: {self.model!r} is not one of tiny, {', '.join(GEMMA_SIZES)} or hf:PATH")
         checks = [
@@ -113,10 +138,10 @@ class TrainConfig:
             (self.beta >= 0, "beta must be >= 0"),
             (self.loss_type in LOSS_TYPES, f"loss_type must be one of {', '.join(LOSS_TYPES)}"),
             (self.temperature > 0, "temperature must be > 0"),
-            (self.finetune in ("full", "lora"), "finetune must be 'full' or 'lora'"),
+            (self.finetune in ("auto", "full", "lora"), "finetune must be 'auto', 'full' or 'lora'"),
             (self.lora_rank >= 1, "lora_rank must be >= 1"),
             (1 <= self.max_rounds <= 30, "max_rounds must lie in 1..30"),
-            (self.max_tokens >= 16, "max_tokens must be >= 16"),
+            (self.max_tokens == 0 or self.max_tokens >= 16, "max_tokens must be 0 (auto) or >= 16"),
             (bool(self.train_buyers), "train_buyers must name at least one buyer spec"),
             (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
             (self.dev_scenarios >= 1, "dev_scenarios must be >= 1"),

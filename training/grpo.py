@@ -146,12 +146,15 @@ def rl_name(cfg: TrainConfig) -> str:
     return f"{cfg.run_name}-rl"
 
 
-def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any:
+def grpo_args(
+    cfg: TrainConfig, run_dir: Path, progress_bar: bool = True, overrides: dict[str, Any] | None = None
+) -> Any:
+    """TRL's GRPOConfig for ``cfg``; ``overrides`` (the preflight's micro-batch layout for a real model) win."""
     import torch
     from trl import GRPOConfig
 
     cpu = not torch.cuda.is_available()
-    return GRPOConfig(
+    fields: dict[str, Any] = dict(
         output_dir=str(run_dir / "checkpoints"),
         max_steps=cfg.steps,
         per_device_train_batch_size=cfg.scenarios_per_step * cfg.group_size,
@@ -181,6 +184,7 @@ def grpo_args(cfg: TrainConfig, run_dir: Path, progress_bar: bool = True) -> Any
         vllm_mode="server" if cfg.vllm_server else "colocate",
         **({"vllm_server_base_url": cfg.vllm_server} if cfg.vllm_server else {}),
     )
+    return GRPOConfig(**{**fields, **(overrides or {})})
 
 
 def _callbacks(cfg: TrainConfig, log: TrainLog, tok: Any, runner: EpisodeRunner, started: float, echo: Echo):
@@ -257,6 +261,7 @@ def build_trainer(
     scenarios: list | None = None,
     observer: TrainObserver | None = None,
     reward_func: Callable[..., list[float]] = trl_reward,
+    trl_overrides: dict[str, Any] | None = None,
 ) -> TrainerParts:
     """The GRPOTrainer wired to the market through ``runner`` (whose scorer is the reward).
 
@@ -296,7 +301,7 @@ def build_trainer(
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_func,
-        args=grpo_args(cfg, run_dir, progress_bar=observer is None),
+        args=grpo_args(cfg, run_dir, progress_bar=observer is None, overrides=trl_overrides),
         train_dataset=Dataset.from_list([{"prompt": s.id} for s in scenarios]),
         processing_class=tok,
         rollout_func=rollout,
@@ -314,6 +319,8 @@ def train(cfg: TrainConfig, echo: Echo = print, observer: TrainObserver | None =
     """Run (or resume) a whole training run and register ``NAME`` and ``NAME-rl``; ``observer`` sees every logged
     step and dev evaluation as it happens."""
     cfg = cfg.validate()
+    if cfg.is_tiny:
+        cfg = cfg.resolved_tiny()
     _env()
     set_threads(cfg.threads)  # before torch loads, if it has not yet
     started = time.perf_counter()
@@ -332,10 +339,16 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
             save_run_config(run_dir, cfg)
             model, tok = warm_start(cfg, run_dir, echo, started, runner)
             base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
+            trl_overrides: dict[str, Any] = {}
         else:
-            from .hf_model import load_chat_model, model_source
+            from .hf_model import load_chat_tokenizer, load_chat_weights, model_source
+            from .preflight import preflight
 
-            model, tok = load_chat_model(cfg)
+            tok = load_chat_tokenizer(cfg)
+            plan = preflight(cfg, tok, given=cfg.given)  # before any weights load: refuses what cannot fit
+            echo(plan.describe())
+            cfg, trl_overrides = plan.apply(cfg), plan.grpo_overrides()
+            model = load_chat_weights(cfg)
             save_run_config(run_dir, cfg)
             base_path, sft_steps = model_source(cfg), 0
         base_dev = dev_eval(model, tok, cfg, runner, 0)
@@ -345,7 +358,9 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
         echo(f"registered {base_name}: dev {base_dev.line()}")
         if observer is not None:
             observer.on_dev(base_dev)
-        parts = build_trainer(cfg, model, tok, run_dir, echo, started, runner, observer=observer)
+        parts = build_trainer(
+            cfg, model, tok, run_dir, echo, started, runner, observer=observer, trl_overrides=trl_overrides
+        )
         if resume_from:
             echo(f"resuming from {resume_from}")
         parts.trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

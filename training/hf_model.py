@@ -42,25 +42,42 @@ def checkpoint_source(cfg: TrainConfig) -> tuple[str, bool]:
     return source.path_or_id, source.local_only
 
 
-def load_chat_model(cfg: TrainConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) in bf16 on a GPU (fp32 on CPU); the tokenizer must carry a prefix-preserving chat template."""
+def load_chat_tokenizer(cfg: TrainConfig) -> Any:
+    """The checkpoint's tokenizer, which must carry a prefix-preserving chat template (loaded before the weights, so
+    the preflight can measure episodes with it)."""
     check_environment(cfg)
     source, local_only = checkpoint_source(cfg)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .chat_rollout import user_suffix_ids
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32, local_files_only=local_only
-        )
     except OSError as e:
-        raise ConfigError(f"cannot load checkpoint {source!r}: {e}") from None
+        raise ConfigError(f"cannot load the tokenizer of {source!r}: {e}") from None
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{source}: the tokenizer has no chat template; chat-format training needs one")
     user_suffix_ids(tokenizer, "check")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
+
+
+def load_chat_weights(cfg: TrainConfig) -> Any:
+    """The checkpoint's model in bf16 on a GPU (fp32 on CPU)."""
+    source, local_only = checkpoint_source(cfg)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32, local_files_only=local_only
+        )
+    except OSError as e:
+        raise ConfigError(f"cannot load checkpoint {source!r}: {e}") from None
+
+
+def load_chat_model(cfg: TrainConfig) -> tuple[Any, Any]:
+    """(model, tokenizer): see :func:`load_chat_tokenizer` and :func:`load_chat_weights`."""
+    tokenizer = load_chat_tokenizer(cfg)
+    return load_chat_weights(cfg), tokenizer

@@ -21,6 +21,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ from nego.market.learning import LearningGroup, LearnReport
 from nego.market.marketplace import Job
 from nego.market.types import EndReason, NegotiationResult
 
-from .config import ConfigError, TrainConfig, no_deal_value
+from .config import TINY_MAX_TOKENS, ConfigError, TrainConfig, no_deal_value
 from .rewards import outcome_scorer
 from .rollout import to_trl, trl_reward
 from .runner import Sample
 
 STATE = "state.json"
+CHAT_LEARNER_MAX_TOKENS = 4096
 
 
 def sample_to_json(e: Sample) -> dict[str, Any]:
@@ -88,6 +90,10 @@ class GRPOLearner:
         self.group_size = cfg.group_size
         self.echo = echo
         self.entry = self._entry(base)
+        # the auto fields: a compact model's own cap; a chat model's episodes are capped generously (its turns are
+        # capped one by one) and it trains fully unless LoRA is asked for
+        cap = cfg.max_tokens or (TINY_MAX_TOKENS if self._compact else CHAT_LEARNER_MAX_TOKENS)
+        self.cfg = replace(cfg, max_tokens=cap, finetune="full" if cfg.finetune == "auto" else cfg.finetune)
         self.model, self.tokenizer = self._load(self.entry.path if self.entry else base.removeprefix("hf:"))
         self._version = 0
         self._day = 0
@@ -200,8 +206,6 @@ class GRPOLearner:
         return model, tokenizer
 
     def _play_config(self) -> TrainConfig:
-        from dataclasses import replace
-
         return replace(self.cfg, model="tiny" if self._compact else f"hf:{self.base}")
 
     def _queueable(self, group: LearningGroup) -> list[Sample] | None:

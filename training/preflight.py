@@ -241,7 +241,7 @@ def _finetune(
     weights, gradients, optimizer = state_bytes(facts, "full", 0)
     states = weights + gradients + optimizer + reserved
     if budget is None:
-        return cfg.finetune, "no GPU to plan for: as configured"
+        return "full", "no GPU to plan for (a small model on a CPU trains fully; --finetune lora to choose LoRA)"
     if states <= FULL_STATE_SHARE * budget:
         return "full", f"full fine-tuning's states ({states / GiB:.1f} GiB) leave room for activations and rollouts"
     return "lora", (

@@ -71,22 +71,26 @@ def step_jobs(
 
 def to_trl(samples: Sequence[Sample], max_tokens: int) -> dict[str, list]:
     """TRL's rollout dict: one sequence per negotiation (own tokens in the loss, ``env_mask`` 1; the rest context),
-    the reward the trainer scores, and the scenario id for alignment checks. Only here do records become dicts."""
+    the reward the trainer scores, and the scenario id for alignment checks. Only here do records become dicts.
+
+    An episode longer than ``max_tokens`` after its prompt keeps its row (its group still needs its reward) but is cut
+    to the cap with every token out of the loss, so nothing is learned from a tail the trainer never saw; the
+    ``over_cap`` column counts them for the training log."""
     out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
-    out["scenario_id"] = []
+    out["scenario_id"], out["over_cap"] = [], []
     for r in samples:
         t = r.trace
-        if len(t.completion_ids) > max_tokens:
-            raise RuntimeError(
-                f"episode {r.negotiation_id} on {r.scenario_id} has {len(t.completion_ids)} tokens, over "
-                f"max_tokens={max_tokens}; raise max_tokens or lower max_rounds"
-            )
+        ids, mask, logprobs = list(t.completion_ids), list(t.mask), list(t.logprobs)
+        over = len(ids) > max_tokens
+        if over:
+            ids, logprobs, mask = ids[:max_tokens], logprobs[:max_tokens], [0] * max_tokens
         out["prompt_ids"].append(list(t.prompt_ids))
-        out["completion_ids"].append(list(t.completion_ids))
-        out["logprobs"].append(list(t.logprobs))
-        out["env_mask"].append(list(t.mask))
+        out["completion_ids"].append(ids)
+        out["logprobs"].append(logprobs)
+        out["env_mask"].append(mask)
         out["reward"].append(r.reward)
         out["scenario_id"].append(r.scenario_id)
+        out["over_cap"].append(over)
     return out
 
 
@@ -106,6 +110,8 @@ class RolloutStats:
     utility: float = 0.0
     seconds: float = 0.0
     tokens: int = 0
+    over_cap: int = 0
+    """Episodes longer than the cap in the last batch (kept for their group's reward, out of the loss)."""
     history: list[dict[str, float]] = field(default_factory=list)
 
     def record(self, rollouts: Sequence[Rollout], seconds: float) -> None:
@@ -169,7 +175,9 @@ class MarketRollout:
         finally:
             model.train(was_training)
         self.stats.record(self.last, time.perf_counter() - t0)
-        return to_trl([r.sample for r in self.last], self.max_tokens)
+        out = to_trl([r.sample for r in self.last], self.max_tokens)
+        self.stats.over_cap = sum(out["over_cap"])
+        return out
 
     def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:
         """Negotiators of the current policy, sampling at the trainer's temperature (the compact protocol)."""

@@ -72,7 +72,13 @@ class TrainLog:
             rollout_seconds=s.seconds,
             step_seconds=step_seconds,
             tokens_per_s=s.tokens / step_seconds if step_seconds > 0 else None,
+            over_cap=s.over_cap,
         )
+        if s.over_cap:
+            self.echo(
+                f"warning: step {step}: {s.over_cap} episode(s) ran over max_tokens and were left out of the loss "
+                "(raise --max-tokens, or lower --max-rounds)"
+            )
         if row["entropy"] is not None and len(self._entropies) < 3:
             self._entropies.append(row["entropy"])
             self.baseline = sum(self._entropies) / len(self._entropies)

@@ -212,3 +212,39 @@ def test_memory_arithmetic_matches_the_stated_bytes_per_parameter(facts):
     assert (w + g + o) / GiB > 55  # does not fit one 48 GB GPU before any activation
     w, g, o = state_bytes(e4b, "lora", 16)
     assert g == 4 * e4b.lora(16) and o == 8 * e4b.lora(16) and w == 2 * e4b.total + 4 * e4b.lora(16)
+
+
+@pytest.mark.slow
+def test_train_on_a_tiny_gemma4_at_the_defaults_runs_without_a_token_cap_error(tok, tmp_path, monkeypatch):
+    """Every default but the step count and batch sizes: 10 rounds, an auto episode cap from the preflight, auto
+    fine-tuning. A random model's long replies may run an episode over the cap: it is kept out of the loss, not an
+    error."""
+    import torch
+    from nego.training import grpo
+    from nego.training.gemma4_shapes import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(len(tok), **ids))
+    model.save_pretrained(tmp_path / "g4")
+    tok.save_pretrained(tmp_path / "g4")
+    cfg = TrainConfig(
+        model=f"hf:{tmp_path / 'g4'}",
+        name="g4",
+        out=str(tmp_path / "run"),
+        steps=1,
+        group_size=2,
+        scenarios_per_step=1,
+        train_scenarios=1,
+        dev_scenarios=1,
+        eval_every=0,
+        save_every=0,
+        threads=1,
+    )
+    lines: list[str] = []
+    result = grpo.train(cfg, echo=lines.append)
+    assert result.steps == 1
+    planned = next(line for line in lines if line.startswith("preflight:"))
+    assert "hf:" in planned and any("max_tokens" in line and "measured p99" in line for line in lines)
