@@ -18,7 +18,6 @@ plan's estimate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import inspect
 import os
@@ -178,14 +177,12 @@ def run(args: argparse.Namespace) -> int:
         f"{'vLLM colocated' if use_vllm else 'transformers'} generation; {cfg.steps} GRPO steps",
         flush=True,
     )
-    generated: list[int] = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    with planned_layout(grpo, the_plan), counting_generated_tokens(generated):
-        result = grpo.train(cfg, echo=lambda s: print(s, flush=True))
+    result = grpo.train(cfg, echo=lambda s: print(s, flush=True))  # nego train's own preflight applies the plan
     wall = time.perf_counter() - t0
-    report(result, generated, wall, the_plan, cuda)
+    report(result, wall, the_plan, cuda)
     return 0
 
 
@@ -263,48 +260,12 @@ def worst_case_episode(tok, max_rounds: int) -> int:
     return max_rounds * attempts * (max_new + 1 + update)
 
 
-@contextlib.contextmanager
-def planned_layout(grpo, the_plan):
-    """Train with the plan's micro-batches: ``grpo.grpo_args`` gets the plan's GRPOConfig fields (until `nego
-    train` applies the plan itself)."""
-    original = grpo.grpo_args
-
-    def with_plan(cfg, run_dir, progress_bar=True):
-        args = original(cfg, run_dir, progress_bar)
-        fields = {**the_plan.grpo_overrides(), "generation_batch_size": None, "steps_per_generation": None}
-        return replace(args, **fields)
-
-    grpo.grpo_args = with_plan
-    try:
-        yield
-    finally:
-        grpo.grpo_args = original
-
-
-@contextlib.contextmanager
-def counting_generated_tokens(counts: list[int]):
-    """Record the model-written tokens (``env_mask`` 1) of every rollout batch the chat rollout hands TRL."""
-    from nego.training import chat_rollout
-
-    original = chat_rollout.hook_dict
-
-    def counting(rows, max_tokens):
-        out = original(rows, max_tokens)
-        counts.append(sum(sum(m) for m in out["env_mask"]))
-        return out
-
-    chat_rollout.hook_dict = counting
-    try:
-        yield
-    finally:
-        chat_rollout.hook_dict = original
-
-
-def report(result, generated: list[int], wall: float, the_plan, cuda: bool) -> None:
+def report(result, wall: float, the_plan, cuda: bool) -> None:
     import polars as pl
     import torch
 
     log = pl.read_parquet(result.run_dir / "train_log.parquet").filter(pl.col("step_seconds").is_not_null())
+    generated = log["generated_tokens"].to_list()
     device = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"\nmachine: {platform.machine()}, {device}, torch {torch.__version__}")
     rows = log.select("step", "step_seconds", "rollout_seconds").rows()

@@ -110,6 +110,8 @@ class RolloutStats:
     utility: float = 0.0
     seconds: float = 0.0
     tokens: int = 0
+    generated: int = 0
+    """Tokens the policy wrote in the last batch (the trained ones)."""
     over_cap: int = 0
     """Episodes longer than the cap in the last batch (kept for their group's reward, out of the loss)."""
     history: list[dict[str, float]] = field(default_factory=list)
@@ -123,6 +125,7 @@ class RolloutStats:
         self.utility = float(np.mean([r.result.outcome.seller_utility for r in rollouts])) if rollouts else 0.0
         self.seconds = seconds
         self.tokens = sum(len(r.trace) for r in rollouts)
+        self.generated = sum(r.trace.own_tokens for r in rollouts)
 
 
 class MarketRollout:

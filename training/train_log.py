@@ -72,6 +72,7 @@ class TrainLog:
             rollout_seconds=s.seconds,
             step_seconds=step_seconds,
             tokens_per_s=s.tokens / step_seconds if step_seconds > 0 else None,
+            generated_tokens=s.generated,
             over_cap=s.over_cap,
         )
         if s.over_cap:
