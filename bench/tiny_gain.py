@@ -22,8 +22,19 @@ import time
 import numpy as np
 
 HELDOUT_BUYERS = ("walker", "picky", "hardliner")
-# training families (fixed parameters): linear, Boulware, tit-for-tat, an impatient and a demanding buyer
-DEV_BUYERS = ("timedep:e=1", "boulware", "tft", "timedep:e=1,patience=0.5", "timedep:e=0.5,margin=0.1")
+# training families (fixed parameters): linear, Boulware, tit-for-tat, an impatient and a demanding buyer, and the
+# four families that make stalling cost (at their defaults)
+DEV_BUYERS = (
+    "timedep:e=1",
+    "boulware",
+    "tft",
+    "timedep:e=1,patience=0.5",
+    "timedep:e=0.5,margin=0.1",
+    "reciprocal",
+    "outside",
+    "hazard",
+    "deadline",
+)
 HEADER = "| buyer | base utility | trained utility | gain [95% CI] | deals base / trained | invalid/ep base / trained |"
 
 
