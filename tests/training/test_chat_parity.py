@@ -146,7 +146,7 @@ async def test_generation_stops_at_every_end_id_of_the_generation_config(chat_mo
     assert set(HFBackend(model, tok, name="m").eos_ids) == set(ends)
     prompt = chat_ids(tok, (ChatMessage("user", "Your move."),))
     free = HFBackend(model, tok, name="free")
-    free.engine.eos_ids = (-1,)  # nothing stops it: what the model writes with this seed
+    free.engine.eos_ids = (len(tok),)  # an id it cannot write: what the model writes with this seed, unstopped
     written = (await free.generate(prompt, 16, 1.0, 5)).ids
     stop_at = next(k for k in range(2, 16) if written[k] not in written[:k])
     model.generation_config.eos_token_id = [ends[0], written[stop_at]]
