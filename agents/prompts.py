@@ -54,7 +54,7 @@ FIELDS: dict[str, str] = {
 
 UPDATE_FIELDS: dict[str, str] = {
     "news": "what happened since this side's last reply: that its turn passed when that reply was invalid to the "
-    "end, then the other side's moves, one line each as in the history (empty when there is nothing new)",
+    "end, then the other side's move as a line of the history, or that its turn passed (empty on a retry)",
 }
 """Fields only the ``[update]`` section of a conversation template can use."""
 
@@ -256,16 +256,20 @@ def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str,
 def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
     """The fields of :data:`UPDATE_FIELDS` for acting on ``obs`` after replying to ``before``.
 
-    Both observations belong to one side of one negotiation, ``before`` the earlier. Everything comes from them:
-    the moves made since are the public history's new entries; this side's reply was invalid when none of them is
-    its own, and its turn passed when it acts again in a later round (a retry in the same round has feedback)."""
+    Both observations belong to one side of one negotiation, ``before`` the earlier. Everything comes from them: a
+    retry is an observation of the same round (its feedback says why); otherwise the other side had one turn in
+    between, and the public history's new entries show what this side's reply and that turn came to (a reply that is
+    not among them was invalid to the end, a turn without a move of the other side passed)."""
     if obs.scenario is not before.scenario and obs.scenario != before.scenario:
         raise ValueError("an update joins two observations of the same side of the same negotiation")
+    if obs.round == before.round:
+        return {"news": ""}
     new = obs.history[len(before.history) :]
     lines = []
-    if obs.round > before.round and not any(move.role is obs.role for move in new):
+    if not any(move.role is obs.role for move in new):
         lines.append("Your last reply was not a valid move, so your turn passed.")
-    lines += [_move_line(move, obs.scenario) for move in new if move.role is not obs.role]
+    theirs = [_move_line(move, obs.scenario) for move in new if move.role is not obs.role]
+    lines += theirs or [f"The {obs.role.other.value} made no valid move, so its turn passed."]
     return {"news": "\n".join(lines)}
 
 

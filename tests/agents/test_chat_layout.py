@@ -103,6 +103,17 @@ def test_a_turn_lost_to_invalid_replies_is_said_in_the_next_update():
     assert "Round 2 of 4" in after_forfeit and "Your previous reply was not a valid move" not in after_forfeit
 
 
+def test_a_turn_the_other_side_lost_is_said_too():
+    seller = LLMNegotiator(
+        ScriptedBackend([offer_reply(150), offer_reply(145)]), role=Role.SELLER, seed=1, template=CHAT
+    )
+    mute = LLMNegotiator(ScriptedBackend(["I would rather not say."]), role=Role.BUYER, seed=2)
+    config = ProtocolConfig(max_retries=0)
+    asyncio.run(run_negotiation(make_widget_scenario(max_rounds=2), seller, mute, config=config))
+    update = chat_messages(CHAT, seller.exchanges[:1], seller.exchanges[1].obs, tools=False)[-1].content
+    assert update.startswith("The buyer made no valid move, so its turn passed.\nRound 2 of 2")
+
+
 def test_a_plain_template_renders_each_turn_afresh_and_keeps_no_exchanges():
     seller, backend, _ = play([offer_reply(150), offer_reply(140)], template=load_template(DEFAULT_TEMPLATE))
     assert all(len(r.messages) == 2 for r in backend.requests) and seller.exchanges == []
