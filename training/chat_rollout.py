@@ -12,8 +12,8 @@ template (:func:`~nego.agents.backends.hf.chat_ids`, as the in-process backend d
 rendering extends the sequence recorded so far (the template must be prefix-preserving). The ids the rendering adds
 after the last prompt begin with the model's previous reply as the template writes it: as long as they equal the
 ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
-difference on (a reply the tokenizer would encode differently, a template that trims replies, a reply cut off at
-the turn's cap, a stop id other than the template's) the rendered ids are context (mask 0). So the training sequence
+difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
+the template's) the rendered ids are context (mask 0), as is everything after the reply. So the training sequence
 at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly the
 context it is trained in.
 """
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nego.agents.backends.base import ChatRequest, ChatResponse
+from nego.agents.backends.base import ChatMessage, ChatRequest, ChatResponse
 from nego.agents.backends.hf import chat_ids, reply_text
 from nego.agents.backends.hf_engine import Generated, end_ids
 from nego.agents.chat_layout import CHAT_TEMPLATE
@@ -54,20 +54,13 @@ class TokenGenerator(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
-    )
-    return list(out["input_ids"] if isinstance(out, dict) else out)
-
-
 def user_suffix_ids(tokenizer: Any, text: str) -> list[int]:
     """The ids that follow an assistant turn's closing token when a user message ``text`` and the next generation
     prompt are added; raises :class:`TemplateError` unless the template is prefix-preserving and closes assistant
     turns with an end-of-text id (the check a chat model passes before training)."""
-    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    before = _render(tokenizer, base, False)
-    after = _render(tokenizer, [*base, {"role": "user", "content": text}], True)
+    base = (ChatMessage("user", "u"), ChatMessage("assistant", "a"))
+    before = chat_ids(tokenizer, base, generation_prompt=False)
+    after = chat_ids(tokenizer, (*base, ChatMessage("user", text)))
     if after[: len(before)] != before:
         raise TemplateError("the chat template is not prefix-preserving; multi-turn rollouts need one that is")
     eos = tokenizer.eos_token_id
@@ -272,6 +265,7 @@ class ChatMarketRollout(MarketRollout):
         super().__init__(*args, **kw)
         self.max_new = max_new
         self.policy: ChatPolicy | None = None
+        self._warned = False
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         self.policy = None
@@ -283,10 +277,11 @@ class ChatMarketRollout(MarketRollout):
                 # until theirs have too, so that none waits forever on this one
                 self.policy.drain()
                 share = self.policy.context_only_share
-                if share > 0.05:
+                if share > 0.05 and not self._warned:
+                    self._warned = True
                     log.warning(
                         "%.0f%% of the generated tokens were kept out of the loss: the chat template does not write "
-                        "the model's replies back as it generated them (trimmed, or encoded differently)",
+                        "the model's replies back as it generated them (trimmed, or encoded differently); said once",
                         100 * share,
                     )
 
