@@ -9,6 +9,7 @@ from nego.scenarios.issues import Issue
 from nego.scenarios.scenario import Role
 
 from .backends.base import BackendError, ChatBackend, ChatRequest, ChatResponse
+from .chat_layout import Exchange, chat_messages
 from .parsing import action_tools, clean_text, parse_response, raw_envelope
 from .prompts import DEFAULT_TEMPLATE, PromptTemplate, RenderCache, load_template
 from .secrets import Scrubber
@@ -24,9 +25,13 @@ UNREADABLE_HINT = (
 class LLMNegotiator:
     """Plays one side of one negotiation through a :class:`ChatBackend`.
 
-    Each turn is one stateless request built from the :class:`Observation` alone (the full public history is
-    re-rendered every time), so the negotiator holds no hidden conversation state and a resumed negotiation
-    replays exactly. A reply that is not a legal action, whatever it holds, comes back as ``Action.invalid``
+    Each turn is one request whose messages :func:`~nego.agents.chat_layout.chat_messages` rebuilds from scratch:
+    with a plain template from the :class:`Observation` alone (the full public history is re-rendered every time);
+    with a conversation template from this side's earlier observations and replies too (``exchanges``: the only
+    thing it keeps, so a negotiation played again from its start replays exactly). A conversation is laid out
+    exactly as chat models are trained (``nego.training.chat_rollout``), in text replies: tools are off unless
+    asked for, and asking for them is refused. A reply that is not a legal action, whatever it holds, comes back as
+    ``Action.invalid``
     with the parser's reason; the protocol sends that reason back as feedback. A backend that gives up raises
     :class:`~nego.agents.backends.base.BackendError`, which ends the negotiation with an error outcome.
     ``Action.raw`` holds a JSON envelope with the template id (see :func:`nego.agents.parsing.raw_envelope`).
@@ -56,7 +61,14 @@ class LLMNegotiator:
         self.temperature = temperature
         if use_tools and not backend.supports_tools:
             raise ValueError(f"backend {backend.kind}:{backend.model} does not support tools; drop use_tools")
-        self.use_tools = backend.supports_tools if use_tools is None else use_tools
+        if use_tools and self.template.conversational:
+            raise ValueError(
+                f"template {self.template.name!r} lays a negotiation out as a conversation of text replies; "
+                "play it without tools"
+            )
+        if use_tools is None:
+            use_tools = backend.supports_tools and not self.template.conversational
+        self.use_tools = use_tools
         credentials = getattr(backend, "credentials", None)
         self.scrubber = (
             scrubber if scrubber is not None else Scrubber.from_env(extra=credentials() if credentials else ())
@@ -64,6 +76,8 @@ class LLMNegotiator:
         self.unreadable = 0
         """Replies the parser failed on (a bug in it): each became an invalid action and was logged."""
         self._cache = RenderCache()  # the protocol hands the same view every turn: fixed parts rendered once
+        self.exchanges: list[Exchange] = []
+        """This side's replies so far and the observations they answered (kept with a conversation template)."""
 
     @property
     def prompt_id(self) -> str:
@@ -75,7 +89,7 @@ class LLMNegotiator:
             raise ValueError(f"this negotiator plays the {self.role}, but got an observation for the {obs.role}")
         issues = obs.scenario.issues
         request = ChatRequest(
-            messages=self.template.render(obs, tools=self.use_tools, cache=self._cache),
+            messages=chat_messages(self.template, self.exchanges, obs, tools=self.use_tools, cache=self._cache),
             tools=action_tools(issues) if self.use_tools else (),
             max_tokens=self.max_tokens,
             temperature=self.temperature,
@@ -85,6 +99,9 @@ class LLMNegotiator:
             response = await self.backend.complete(request)
         except BackendError as e:
             raise BackendError(self.scrubber(str(e))) from None
+        response = self.scrubber.response(response)
+        if self.template.conversational:
+            self.exchanges.append(Exchange(obs, response.text))
         return self.read(response, issues)
 
     def read(self, response: ChatResponse, issues: tuple[Issue, ...]) -> Action:

@@ -19,6 +19,7 @@ Spec forms:
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +40,11 @@ SIZE_ALIASES: dict[str, str] = {
 }
 """Gemma 4 instruction-tuned checkpoints on the Hugging Face hub, by effective size."""
 
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 512
+"""New tokens a model agent may write per reply unless told otherwise (a registered model: what it was trained with)."""
+
 LLM_EXTRA_HINT = "install the LLM extra: pip install 'nego[llm]'"
 TRAIN_EXTRA_HINT = "install the training extra (torch, transformers): pip install 'nego[train]'"
 
@@ -53,7 +59,7 @@ class LLMSettings:
     :meth:`from_env` reads the environment variables named in the module docstring."""
 
     template: str = DEFAULT_TEMPLATE
-    max_tokens: int = 512
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float | None = None
     """None: each backend's default (OpenAI reasoning models accept no other)."""
     tools: bool | None = None
@@ -291,12 +297,7 @@ def _registered(name: str, settings: LLMSettings):
             return make_factory(entry, settings.temperature)
         except (OSError, RuntimeError, ValueError) as e:
             raise ModelSpecError(f"model {name!r} at {entry.path}: {e}") from None
-    # a chat model is played as it was trained: its training prompt and rollout temperature, unless told otherwise
-    trained_on, temperature = entry.config.get("template"), entry.config.get("temperature")
-    if trained_on and settings.template == DEFAULT_TEMPLATE:
-        settings = replace(settings, template=str(trained_on))
-    if temperature is not None and settings.temperature is None:
-        settings = replace(settings, temperature=float(temperature))
+    settings = _as_trained(name, entry.config, settings)
     server = settings.vllm_url or settings.base_url
     if server:
         return _vllm_factory(name, entry.path, server, settings, _VLLM_URL_SOURCE)
@@ -304,6 +305,27 @@ def _registered(name: str, settings: LLMSettings):
         serve = f"the vLLM line `nego models --serve {name}` prints"
         _require_gpu(name, f"a Gemma 4 {entry.config['model']} seller", serve)
     return _hf(entry.path, settings, spec=name)
+
+
+def _as_trained(name: str, config: dict[str, Any], settings: LLMSettings) -> LLMSettings:
+    """A chat model is played as it was trained, unless told otherwise: the prompt template (for a model trained in
+    the conversation layout, the same conversation), the rollout temperature and the cap on one turn's tokens. A
+    template file that changed since training is played as it is now, with a warning."""
+    trained_on, temperature, turn_tokens = config.get("template"), config.get("temperature"), config.get("turn_tokens")
+    if trained_on and settings.template == DEFAULT_TEMPLATE:
+        settings = replace(settings, template=str(trained_on))
+        trained_id = config.get("template_id")
+        try:
+            now = load_template(settings.template).id
+        except TemplateError:
+            now = trained_id  # _with_template reports it
+        if trained_id and now != trained_id:
+            log.warning("%s was trained on prompt template %s; it is now %s", name, trained_id, now)
+    if temperature is not None and settings.temperature is None:
+        settings = replace(settings, temperature=float(temperature))
+    if turn_tokens and settings.max_tokens == DEFAULT_MAX_TOKENS:
+        settings = replace(settings, max_tokens=int(turn_tokens))
+    return settings
 
 
 def _limits(settings: LLMSettings) -> dict[str, Any]:

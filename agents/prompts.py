@@ -4,8 +4,12 @@ A template is a text file with a ``[system]`` and a ``[user]`` section written i
 syntax (``$field``); comment lines starting with ``#`` may precede the first section. Only the fields in
 :data:`FIELDS` exist, and every one is computed from the :class:`~nego.market.types.Observation` alone (this
 side's own brief and preferences, the public scenario and history), so a template cannot leak the other side's
-private information. Built-in templates live in ``nego/agents/prompts/<name>.txt``; any other file can be
-given by path. A template's id, ``<name>:<first 8 hex of the file's sha256>``, is recorded with every action.
+private information. A template with an ``[update]`` section lays a negotiation out as one conversation (see
+:mod:`nego.agents.chat_layout`): the system and user messages open it, and after each of this side's replies the
+update section, rendered from the observation before that reply and the next one, becomes the next user message;
+it may also use the fields in :data:`UPDATE_FIELDS`. Built-in templates live in ``nego/agents/prompts/<name>.txt``;
+any other file can be given by path. A template's id, ``<name>:<first 8 hex of the file's sha256>``, is recorded
+with every action.
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ FIELDS: dict[str, str] = {
 }
 
 
+UPDATE_FIELDS: dict[str, str] = {
+    "news": "what happened since this side's last reply: that its turn passed when that reply was invalid to the "
+    "end, then the other side's move as a line of the history, or that its turn passed (empty on a retry)",
+}
+"""Fields only the ``[update]`` section of a conversation template can use."""
+
+SECTIONS = ("system", "user", "update")
+
 STATIC_FIELDS = frozenset(FIELDS) - {
     "round",
     "rounds_left",
@@ -65,12 +77,20 @@ class TemplateError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PromptTemplate:
-    """A checked template: its name, its id (name plus content hash) and its two sections."""
+    """A checked template: its name, its id (name plus content hash), its two sections and, for a conversation
+    template, the section that renders the user message after each of this side's replies."""
 
     name: str
     id: str
     system: Template
     user: Template
+    update: Template | None = None
+
+    @property
+    def conversational(self) -> bool:
+        """True when a negotiation is one growing conversation (the template has an ``[update]`` section), False when
+        every turn is a fresh system and user message."""
+        return self.update is not None
 
     def render(self, obs: Observation, *, tools: bool, cache: RenderCache | None = None) -> tuple[ChatMessage, ...]:
         """The system and user messages for one turn; ``tools`` says whether the action tools are offered.
@@ -87,6 +107,16 @@ class PromptTemplate:
             cache.system[1] or ChatMessage("system", _tidy(self.system.substitute(values))),
             ChatMessage("user", _tidy(self.user.substitute(values))),
         )
+
+    def render_update(
+        self, before: Observation, obs: Observation, *, tools: bool, cache: RenderCache | None = None
+    ) -> ChatMessage:
+        """The user message that follows this side's reply to ``before``, when it must act again on ``obs``."""
+        if self.update is None:
+            raise TemplateError(f"template {self.name!r} has no [update] section: it renders every turn afresh")
+        cache = cache if cache is not None else RenderCache()
+        values = {**cache.static(obs.scenario, tools), **turn_fields(obs, cache), **update_fields(before, obs)}
+        return ChatMessage("user", _tidy(self.update.substitute(values)))
 
 
 class RenderCache:
@@ -154,13 +184,13 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
     for lineno, line in enumerate(text.splitlines(), 1):
         header = re.fullmatch(r"\[(\w+)\]\s*", line)
         if header:
-            if header.group(1) not in ("system", "user") or header.group(1) in sections:
+            if header.group(1) not in SECTIONS or header.group(1) in sections:
                 raise TemplateError(f"{origin}, line {lineno}: unexpected section [{header.group(1)}]")
             current = sections.setdefault(header.group(1), [])
         elif current is not None:
             current.append(line)
         elif line.strip() and not line.startswith("#"):
-            raise TemplateError(f"{origin}, line {lineno}: text before the first section ([system] or [user])")
+            raise TemplateError(f"{origin}, line {lineno}: text before the first section ([system], [user])")
     missing = [s for s in ("system", "user") if s not in sections]
     if missing:
         raise TemplateError(f"{origin}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
@@ -168,14 +198,15 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
     for section, template in parts.items():
         if not template.is_valid():
             raise TemplateError(f"{origin}, [{section}]: a '$' that starts no field; write '$$' for a dollar sign")
-        unknown = sorted(set(template.get_identifiers()) - set(FIELDS))
+        known = {**FIELDS, **UPDATE_FIELDS} if section == "update" else FIELDS
+        unknown = sorted(set(template.get_identifiers()) - set(known))
         if unknown:
             raise TemplateError(
                 f"{origin}, [{section}]: unknown field(s) {', '.join('$' + u for u in unknown)}; "
-                f"the fields are {', '.join('$' + f for f in FIELDS)}"
+                f"the fields are {', '.join('$' + f for f in known)}"
             )
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-    return PromptTemplate(name, f"{name}:{digest}", parts["system"], parts["user"])
+    return PromptTemplate(name, f"{name}:{digest}", parts["system"], parts["user"], parts.get("update"))
 
 
 def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
@@ -220,6 +251,26 @@ def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str,
             else ""
         ),
     }
+
+
+def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
+    """The fields of :data:`UPDATE_FIELDS` for acting on ``obs`` after replying to ``before``.
+
+    Both observations belong to one side of one negotiation, ``before`` the earlier. Everything comes from them: a
+    retry is an observation of the same round (its feedback says why); otherwise the other side had one turn in
+    between, and the public history's new entries show what this side's reply and that turn came to (a reply that is
+    not among them was invalid to the end, a turn without a move of the other side passed)."""
+    if obs.scenario is not before.scenario and obs.scenario != before.scenario:
+        raise ValueError("an update joins two observations of the same side of the same negotiation")
+    if obs.round == before.round:
+        return {"news": ""}
+    new = obs.history[len(before.history) :]
+    lines = []
+    if not any(move.role is obs.role for move in new):
+        lines.append("Your last reply was not a valid move, so your turn passed.")
+    theirs = [_move_line(move, obs.scenario) for move in new if move.role is not obs.role]
+    lines += theirs or [f"The {obs.role.other.value} made no valid move, so its turn passed."]
+    return {"news": "\n".join(lines)}
 
 
 def describe_offer(offer: Offer, view: ScenarioView) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import os
 import platform
 import sys
@@ -240,23 +239,32 @@ def vllm_serves(config_class: str) -> bool:
 def worst_case_episode(tok, max_rounds: int) -> int:
     """Tokens after the prompt when every seller attempt is an unparseable reply of the full reply length: rounds x
     attempts x (reply + EOS + the feedback message that follows it)."""
+    from nego.agents.chat_layout import CHAT_TEMPLATE
     from nego.agents.parsing import parse_text
+    from nego.agents.prompts import load_template
     from nego.market.protocol import ProtocolConfig
     from nego.market.types import ActionKind, Observation, Offer, PublicMove
     from nego.scenarios.scenario import Role
-    from nego.training.chat_rollout import ChatMarketRollout, update_text, user_suffix_ids
+    from nego.training.chat_rollout import user_suffix_ids
+    from nego.training.config import field_default
     from nego.training.rollout import split_scenarios
 
-    max_new = inspect.signature(ChatMarketRollout.__init__).parameters["max_new"].default
+    max_new = field_default("turn_tokens")
     attempts = 1 + ProtocolConfig().max_retries
+    template = load_template(CHAT_TEMPLATE)
     update = 0
     for scenario in split_scenarios("train", 16, max_rounds):
         view = scenario.view_for(Role.SELLER)
         offer = Offer({i.name: i.options[-1] if i.options else i.high for i in scenario.issues})
         history = (PublicMove(1, Role.BUYER, ActionKind.OFFER, offer, ""),)
         feedback = parse_text("no json here", scenario.issues).error
-        obs = Observation(view, history, 1, offer, feedback=feedback, attempt=1)
-        update = max(update, len(user_suffix_ids(tok, update_text(obs, 0))))
+        before = Observation(view, history, 1, offer)
+        for after in (  # a retry with feedback, and a new round after the other side's offer
+            Observation(view, history, 1, offer, feedback=feedback, attempt=1),
+            Observation(view, (*history, PublicMove(2, Role.BUYER, ActionKind.OFFER, offer, "")), 2, offer),
+        ):
+            message = template.render_update(before, after, tools=False)
+            update = max(update, len(user_suffix_ids(tok, message.content)))
     return max_rounds * attempts * (max_new + 1 + update)
 
 

@@ -1,153 +1,238 @@
-"""Chat-format rollouts for real (Hugging Face) models: one token sequence per negotiation, built by concatenation.
+"""Chat-format rollouts for real (Hugging Face) models: one token sequence per negotiation, laid out exactly as the
+model is played.
 
-The first seller turn is the chat template applied to the system and user messages of the negotiator prompt.
-Every later turn appends only the ids that the template adds for the new user message (the difference between
-rendering a dummy conversation with and without it), so the conversation is never re-tokenised and the ids the
-model generated stay exactly as sampled. Replies are the JSON actions ``nego.agents.parsing`` understands.
+A learning seller is an :class:`~nego.agents.llm.LLMNegotiator` (the negotiator that plays a registered chat model)
+with a conversation template (:data:`~nego.agents.chat_layout.CHAT_TEMPLATE`) whose backend, a :class:`TraceBackend`
+of its own, records the episode's tokens while it generates through the policy's shared generator: the in-process
+engine (:class:`~nego.agents.backends.hf.HFBackend` around the model being trained) or TRL's vLLM
+(:class:`~nego.training.vllm_turns.VLLMTurns`).
+
+Every turn the negotiator sends the whole conversation so far; the trace backend renders it with the model's chat
+template (:func:`~nego.agents.backends.hf.chat_ids`, as the in-process backend does when serving) and checks that the
+rendering extends the sequence recorded so far (the template must be prefix-preserving). The ids the rendering adds
+after the last prompt begin with the model's previous reply as the template writes it: as long as they equal the
+ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
+difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
+the template's) the rendered ids are context (mask 0), as is everything after the reply. So the training sequence
+at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly the
+context it is trained in.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from nego.agents.compact import BatchedGenerator, generate_turns
-from nego.agents.parsing import parse_text
-from nego.agents.prompts import DEFAULT_TEMPLATE, describe_offer, load_template
+from nego.agents.backends.base import ChatMessage, ChatRequest, ChatResponse
+from nego.agents.backends.hf import chat_ids, reply_text
+from nego.agents.backends.hf_engine import Generated, end_ids
+from nego.agents.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm import LLMNegotiator
+from nego.agents.prompts import load_template
 from nego.agents.trace import TokenTrace
-from nego.market.types import Action, ActionKind, NegotiationResult, Observation, Outcome
+from nego.market.types import NegotiationResult, Usage
 from nego.scenarios.scenario import Role
 
 from .rollout import MarketRollout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TURN_TOKENS = 96
 
 
 class TemplateError(ValueError):
     """The tokenizer's chat template cannot be extended turn by turn without re-tokenising."""
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
-    )
-    return list(out["input_ids"] if isinstance(out, dict) else out)
+class TokenGenerator(Protocol):
+    """Continues token ids: the in-process backend or TRL's vLLM, shared by every negotiator of a policy."""
+
+    async def generate(self, ids: Sequence[int], max_new: int, temperature: float, seed: int | None) -> Generated: ...
+
+    async def aclose(self) -> None: ...
 
 
 def user_suffix_ids(tokenizer: Any, text: str) -> list[int]:
-    """The ids that follow an assistant turn's closing token when a user message ``text`` and the next
-    generation prompt are added (requires a prefix-preserving template)."""
-    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-    before = _render(tokenizer, base, False)
-    after = _render(tokenizer, [*base, {"role": "user", "content": text}], True)
+    """The ids that follow an assistant turn's closing token when a user message ``text`` and the next generation
+    prompt are added; raises :class:`TemplateError` unless the template is prefix-preserving and closes assistant
+    turns with an end-of-text id (the check a chat model passes before training)."""
+    base = (ChatMessage("user", "u"), ChatMessage("assistant", "a"))
+    before = chat_ids(tokenizer, base, generation_prompt=False)
+    after = chat_ids(tokenizer, (*base, ChatMessage("user", text)))
     if after[: len(before)] != before:
         raise TemplateError("the chat template is not prefix-preserving; multi-turn rollouts need one that is")
-    stops = [i for i, t in enumerate(before) if t in _stop_ids(tokenizer)]
+    eos = tokenizer.eos_token_id
+    stops = [i for i, t in enumerate(before) if t in (set(eos) if isinstance(eos, list) else {eos})]
     if not stops:
         raise TemplateError("the chat template does not close assistant turns with the tokenizer's EOS token")
     return before[stops[-1] + 1 :] + after[len(before) :]
 
 
-def _stop_ids(tokenizer: Any) -> set[int]:
-    eos = tokenizer.eos_token_id
-    return set(eos) if isinstance(eos, list) else {eos}
-
-
-def update_text(obs: Observation, seen: int) -> str:
-    """The user message between two own turns: the other side's new moves, feedback, rounds left."""
-    lines = []
-    for move in obs.history[seen:]:
-        if move.role is obs.role:
-            continue
-        if move.kind is ActionKind.OFFER and move.offer is not None:
-            lines.append(f"The {move.role} offers: {describe_offer(move.offer, obs.scenario)}.")
-        if move.message:
-            lines.append(f'They say: "{move.message}"')
-    if obs.feedback:
-        lines.append(f"Your last reply was not a valid action: {obs.feedback}")
-    lines.append(f"Rounds left including this one: {obs.rounds_left}. Reply with one JSON action.")
-    return "\n".join(lines)
-
-
 @dataclass(slots=True)
 class ChatTrace:
-    """One side's episode as token ids: the first prompt, then own (mask 1) and environment (mask 0) ids."""
+    """One side's episode as token ids: the first prompt, then every later id with its loss mask and log-probability,
+    and the reply generated last (placed once the next rendering shows how the template writes it)."""
 
     prompt: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    seen_moves: int = 0
+    pending: Generated | None = None
+    sampled: int = 0
+    """Ids the model generated so far."""
+    context_only: int = 0
+    """Generated ids kept out of the loss because the rendering of the conversation writes them differently."""
 
-    def add(self, ids: Sequence[int], own: bool, logprobs: Sequence[float] | None = None) -> None:
-        self.ids += ids
-        self.mask += [int(own)] * len(ids)
-        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+    def extend(self, rendered: list[int]) -> None:
+        """Take the rendering of the whole conversation, up to the next generation prompt, as the sequence so far."""
+        if not self.prompt:
+            self.prompt = list(rendered)
+            return
+        known = len(self.prompt) + len(self.ids)
+        if rendered[: len(self.prompt)] != self.prompt or rendered[len(self.prompt) : known] != self.ids:
+            raise TemplateError(
+                "the chat template rendered an earlier part of the conversation differently once a turn was added; "
+                "multi-turn rollouts need a prefix-preserving template"
+            )
+        tail = rendered[known:]
+        own = self._take_pending()
+        same = 0
+        for a, b in zip(own.ids, tail, strict=False):
+            if a != b:
+                break
+            same += 1
+        self.context_only += len(own.ids) - same
+        self.ids += tail
+        self.mask += [1] * same + [0] * (len(tail) - same)
+        self.logprobs += list(own.logprobs[:same]) + [0.0] * (len(tail) - same)
 
-    def finish(self, outcome: Outcome, eos_id: int) -> None:
-        """End on EOS: the last own turn already does unless it was cut off (then EOS is context, not policy)."""
-        if not self.ids or self.ids[-1] != eos_id:
-            self.add([eos_id], own=False)
+    def generated(self, out: Generated) -> None:
+        self.pending = out
+        self.sampled += len(out.ids)
+
+    def close(self, eos_ids: Sequence[int], closing_id: int) -> TokenTrace:
+        """The episode: the last reply as generated (mask 1), ending on an end-of-text id (``closing_id`` added as
+        context when the model did not write one)."""
+        if self.pending is not None:
+            own = self._take_pending()
+            self.ids += own.ids
+            self.mask += [1] * len(own.ids)
+            self.logprobs += own.logprobs
+        if self.prompt and (not self.ids or self.ids[-1] not in eos_ids):
+            self.ids.append(closing_id)
+            self.mask.append(0)
+            self.logprobs.append(0.0)
+        return TokenTrace(tuple(self.prompt), tuple(self.ids), tuple(self.mask), tuple(self.logprobs))
+
+    def _take_pending(self) -> Generated:
+        own, self.pending = self.pending, None
+        return own if own is not None else Generated((), (), False)
 
 
 class ChatPolicy:
-    """A chat model shared by negotiators; generation is batched (plain transformers, or TRL's vLLM client)."""
-
-    def __init__(self, model: Any, tokenizer: Any, *, max_new: int = 96, vllm: Any = None) -> None:
-        self.model, self.tokenizer, self.max_new, self.vllm = model, tokenizer, max_new, vllm
-        self.eos_id = (
-            tokenizer.eos_token_id if not isinstance(tokenizer.eos_token_id, list) else tokenizer.eos_token_id[0]
-        )
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        self.batcher = BatchedGenerator(
-            self._vllm_batch
-            if vllm is not None
-            else (lambda b: generate_turns(model, b, pad_id=pad, stop_id=self.eos_id))
-        )
-
-    def _vllm_batch(self, batch: Sequence[Any]) -> list[tuple[list[int], list[float]]]:
-        _, completions, logprobs, _ = self.vllm.generate([r.ids for r in batch], None, 1)
-        return [(list(c), [float(lp[0]) for lp in lps]) for c, lps in zip(completions, logprobs, strict=True)]
-
-
-class ChatNegotiator:
-    """A seller that speaks JSON actions through a chat template, recording its episode as one id sequence."""
+    """A chat model shared by negotiators: its tokenizer, the conversation template, the per-turn cap (``max_new``)
+    and the generator every negotiator's turns go through: in process, TRL's vLLM given ``vllm`` (kept in step with
+    the other training processes by ``lockstep``), or any other ``generator``."""
 
     def __init__(
-        self, policy: ChatPolicy, role: Role, seed: int, temperature: float | None, template: str = DEFAULT_TEMPLATE
-    ):
-        self.policy = policy
-        self.role = Role(role)
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new: int = DEFAULT_TURN_TOKENS,
+        vllm: Any = None,
+        lockstep: Any = None,
+        template: str = CHAT_TEMPLATE,
+        generator: TokenGenerator | None = None,
+    ) -> None:
+        if max_new < 1:
+            raise ValueError(f"max_new (the cap on one turn's new tokens) must be >= 1, got {max_new}")
+        self.tokenizer = tokenizer
+        self.max_new = max_new
         self.template = load_template(template)
-        self.trace = ChatTrace()
-        self.temperature = temperature
-        self.generator = None
-        if temperature is not None:
-            import torch
+        if not self.template.conversational:
+            raise TemplateError(f"template {template!r} has no [update] section; chat training needs a conversation")
+        self.eos_ids = end_ids(model, tokenizer)
+        self.closing_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self.eos_ids[0]
+        self.generator: TokenGenerator
+        if generator is not None:
+            self.generator = generator
+        elif vllm is not None:
+            from .vllm_turns import VLLMTurns
 
-            self.generator = torch.Generator().manual_seed(int(seed))
-
-    async def act(self, obs: Observation) -> Action:
-        tok = self.policy.tokenizer
-        if not self.trace.prompt:
-            messages = [{"role": m.role, "content": m.content} for m in self.template.render(obs, tools=False)]
-            self.trace.prompt = _render(tok, messages, True)
+            self.generator = VLLMTurns(vllm, max_new=max_new, eos_ids=self.eos_ids, lockstep=lockstep)
         else:
-            self.trace.add(user_suffix_ids(tok, update_text(obs, self.trace.seen_moves)), own=False)
-        self.trace.seen_moves = len(obs.history)
-        ids, logps = await self.policy.batcher.submit(
-            self.trace.prompt + self.trace.ids, self.policy.max_new, self.temperature, self.generator
+            from nego.agents.backends.hf import HFBackend
+
+            # built for this policy version: the prompt states it stores belong to these weights
+            self.generator = HFBackend(model, tokenizer, name="policy", max_batch=1024)
+        self.traces: list[ChatTrace] = []
+
+    @property
+    def context_only_share(self) -> float:
+        """Of the ids generated so far, the share kept out of the loss (the template writes them differently)."""
+        sampled = sum(t.sampled for t in self.traces)
+        return sum(t.context_only for t in self.traces) / sampled if sampled else 0.0
+
+    def drain(self) -> int:
+        """With several training processes on a vLLM server: join the others' calls until all are done."""
+        drain = getattr(self.generator, "drain", None)
+        return drain() if drain is not None else 0
+
+    async def aclose(self) -> None:
+        await self.generator.aclose()
+
+
+class TraceBackend:
+    """A chat backend for one learning negotiator: renders each request's messages with the model's chat template,
+    records the episode's ids (see :class:`ChatTrace`) and generates through the policy's shared generator."""
+
+    kind = "chat-learner"
+    supports_tools = False
+
+    def __init__(self, policy: ChatPolicy) -> None:
+        self.policy = policy
+        self.model = "policy"
+        self.trace = ChatTrace()
+        policy.traces.append(self.trace)
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        policy = self.policy
+        ids = chat_ids(policy.tokenizer, request.messages)
+        self.trace.extend(ids)
+        temperature = 1.0 if request.temperature is None else request.temperature
+        out = await policy.generator.generate(ids, request.max_tokens, temperature, request.seed)
+        self.trace.generated(out)
+        text = reply_text(policy.tokenizer, out, policy.eos_ids)
+        return ChatResponse(text, usage=Usage(len(ids), len(out.ids), calls=1), truncated=not out.stopped)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ChatNegotiator(LLMNegotiator):
+    """A learning seller: the negotiator a registered chat model is played by (conversation template, JSON replies,
+    a per-call sampling seed), recording its episode as one id sequence for GRPO."""
+
+    def __init__(self, policy: ChatPolicy, role: Role, seed: int, temperature: float | None) -> None:
+        self.tracer = TraceBackend(policy)
+        super().__init__(
+            self.tracer,
+            role=role,
+            seed=seed,
+            template=policy.template,
+            max_tokens=policy.max_new,
+            temperature=temperature,
+            use_tools=False,
         )
-        self.trace.add(ids, own=True, logprobs=logps)
-        if not ids or ids[-1] != self.policy.eos_id:
-            self.trace.add([self.policy.eos_id], own=False)  # cut off: close the turn, outside the loss
-        text = tok.decode(ids, skip_special_tokens=True)
-        return parse_text(text, obs.scenario.issues)
 
     def record(self, result: NegotiationResult) -> TokenTrace:
-        """The finished episode as one id sequence (ending on EOS, outside the loss if the model did not write it)."""
-        self.trace.finish(result.outcome, self.policy.eos_id)
-        t = self.trace
-        return TokenTrace(tuple(t.prompt), tuple(t.ids), tuple(t.mask), tuple(t.logprobs))
+        """The finished episode as one id sequence (ending on an end-of-text id, outside the loss if the model did
+        not write it)."""
+        policy = self.tracer.policy
+        return self.tracer.trace.close(policy.eos_ids, policy.closing_id)
 
 
 @dataclass
@@ -162,15 +247,61 @@ class ChatFactory:
     def __call__(self, role: Role | str, seed: int) -> ChatNegotiator:
         return ChatNegotiator(self.policy, Role(role), seed, self.temperature)
 
+    async def aclose(self) -> None:
+        await self.policy.aclose()
+
+
+def layout_config(max_new: int) -> dict[str, Any]:
+    """What the model registry records about how a chat model was trained, so it is played the same way: the
+    conversation template (name and id) and the cap on one turn's new tokens."""
+    return {"template": CHAT_TEMPLATE, "template_id": load_template(CHAT_TEMPLATE).id, "turn_tokens": max_new}
+
 
 class ChatMarketRollout(MarketRollout):
-    """The market rollout for chat models: same jobs, seeds and rewards, JSON actions in a chat template."""
+    """The market rollout for chat models: same jobs, seeds and rewards; the conversation layout and JSON actions,
+    each turn capped at ``max_new`` new tokens (the episode cap is ``max_tokens``)."""
 
-    def __init__(self, *args: Any, max_new: int = 96, **kw: Any) -> None:
+    def __init__(self, *args: Any, max_new: int = DEFAULT_TURN_TOKENS, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.max_new = max_new
+        self.policy: ChatPolicy | None = None
+        self._warned = False
+
+    def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
+        self.policy = None
+        try:
+            return super().__call__(prompts, trainer)
+        finally:
+            if self.policy is not None:
+                # this process's negotiations have ended (or failed): join the other processes' generation calls
+                # until theirs have too, so that none waits forever on this one
+                self.policy.drain()
+                share = self.policy.context_only_share
+                if share > 0.05 and not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "%.0f%% of the generated tokens were kept out of the loss: the chat template does not write "
+                        "the model's replies back as it generated them (trimmed, or encoded differently); said once",
+                        100 * share,
+                    )
 
     def learner(self, model: Any, trainer: Any) -> ChatFactory:
         vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-        policy = ChatPolicy(model, self.tokenizer, max_new=self.max_new, vllm=vllm)
-        return ChatFactory(self.spec, policy, float(trainer.temperature))
+        lockstep = None
+        if vllm is not None and _needs_lockstep(vllm, trainer):
+            from accelerate.utils import gather_object
+
+            from .vllm_turns import Lockstep
+
+            filler = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else 0
+            lockstep = Lockstep(gather_object, [filler])
+        self.policy = ChatPolicy(model, self.tokenizer, max_new=self.max_new, vllm=vllm, lockstep=lockstep)
+        return ChatFactory(self.spec, self.policy, float(trainer.temperature))
+
+
+def _needs_lockstep(vllm: Any, trainer: Any) -> bool:
+    """Whether TRL's vLLM generation calls are collectives: server mode with several processes, or a colocated
+    engine sharded over several (tensor-parallel) processes."""
+    processes = int(getattr(trainer.accelerator, "num_processes", 1))
+    sharded = int(getattr(vllm, "tensor_parallel_size", 1)) > 1
+    return processes > 1 and (getattr(vllm, "mode", "colocate") == "server" or sharded)

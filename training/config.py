@@ -66,6 +66,7 @@ class TrainConfig:
         "cap on one episode's tokens after the prompt (longer episodes are an error); 0 = auto: 512 for tiny, the "
         "measured 99th percentile plus a margin for real models (the preflight)",
     )
+    turn_tokens: int = _f(96, "cap on the new tokens of one seller turn (chat models); max_tokens caps the episode")
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),
         metadata={"help": "training buyer specs; a..b draws a parameter uniformly per negotiation"},
@@ -142,6 +143,8 @@ class TrainConfig:
             (self.lora_rank >= 1, "lora_rank must be >= 1"),
             (1 <= self.max_rounds <= 30, "max_rounds must lie in 1..30"),
             (self.max_tokens == 0 or self.max_tokens >= 16, "max_tokens must be 0 (auto) or >= 16"),
+            (self.turn_tokens >= 1, "turn_tokens must be >= 1"),
+            (not self.max_tokens or self.turn_tokens <= self.max_tokens, "turn_tokens must not exceed max_tokens"),
             (bool(self.train_buyers), "train_buyers must name at least one buyer spec"),
             (self.train_scenarios >= self.scenarios_per_step, "train_scenarios must be >= scenarios_per_step"),
             (self.dev_scenarios >= 1, "dev_scenarios must be >= 1"),

@@ -1,10 +1,11 @@
 """How long chat episodes are, measured before any weights load: rule-based sellers play the training split
 against the training buyer pool, and each seller's side is rendered as the token sequence the chat rollout builds.
 
-The layout follows ``training/chat_rollout.py``: the first prompt is the chat template over the system and user
-messages of the prompt template; every later turn adds ``user_suffix_ids(update_text(...))``; every reply is the
-reply's text followed by EOS. Rule sellers reply with the bare JSON action block the parser understands (a model
-usually writes a message and some prose too, which the margin of the episode cap is for).
+The layout is the chat rollout's own (``training/chat_rollout.py``): at every turn the conversation of the
+conversation template (:func:`~nego.agents.chat_layout.chat_messages`) is rendered through the model's chat
+template, and each reply, its text followed by EOS, is recorded by the same :class:`~.chat_rollout.ChatTrace`. Rule
+sellers reply with the bare JSON action block the parser understands (a model usually writes a message and some
+prose too, which the margin of the episode cap is for).
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from nego.agents.backends.hf import chat_ids
+from nego.agents.backends.hf_engine import Generated
+from nego.agents.chat_layout import CHAT_TEMPLATE, Exchange, chat_messages
 from nego.agents.parsing import action_to_json, read_envelope
-from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
+from nego.agents.prompts import load_template
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, run_jobs
 from nego.market.types import Action, ActionKind, NegotiationResult, Observation, PublicMove, Turn
 from nego.scenarios.scenario import Role, Scenario
 
-from .chat_rollout import update_text, user_suffix_ids
+from .chat_rollout import ChatTrace
 from .pool import BuyerPool
 from .rollout import split_scenarios
 
@@ -83,13 +87,6 @@ def observations(
                 standing, standing_by = offer, turn.role
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        list(messages), tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
-    )
-    return list(out["input_ids"] if isinstance(out, dict) else out)
-
-
 def eos_id(tokenizer: Any) -> int:
     eos = tokenizer.eos_token_id
     return int(eos[0] if isinstance(eos, list) else eos)
@@ -101,30 +98,22 @@ def render_episode(
     result: NegotiationResult,
     *,
     role: Role = Role.SELLER,
-    template: str = DEFAULT_TEMPLATE,
+    template: str = CHAT_TEMPLATE,
 ) -> ChatEpisode:
     """``role``'s side of a played negotiation as chat token ids, laid out exactly as the chat rollout lays out
-    a live one (concatenated turns, never re-tokenised)."""
+    a live one whose model wrote these replies."""
     tmpl = load_template(template)
     eos = eos_id(tokenizer)
-    prompt: list[int] = []
-    ids: list[int] = []
-    mask: list[int] = []
-    seen = turns = 0
+    trace = ChatTrace()
+    exchanges: list[Exchange] = []
     for obs, turn in observations(scenario, result, role):
-        if not prompt:
-            messages = [{"role": m.role, "content": m.content} for m in tmpl.render(obs, tools=False)]
-            prompt = chat_ids(tokenizer, messages, True)
-        else:
-            suffix = user_suffix_ids(tokenizer, update_text(obs, seen))
-            ids += suffix
-            mask += [0] * len(suffix)
-        seen = len(obs.history)
-        reply = [*tokenizer.encode(reply_text(turn.action), add_special_tokens=False), eos]
-        ids += reply
-        mask += [1] * len(reply)
-        turns += 1
-    return ChatEpisode(prompt, ids, mask, turns)
+        trace.extend(chat_ids(tokenizer, chat_messages(tmpl, exchanges, obs, tools=False)))
+        text = reply_text(turn.action)
+        reply = (*tokenizer.encode(text, add_special_tokens=False), eos)
+        trace.generated(Generated(reply, (0.0,) * len(reply), True))
+        exchanges.append(Exchange(obs, text))
+    episode = trace.close((eos,), eos)
+    return ChatEpisode(list(episode.prompt_ids), list(episode.completion_ids), list(episode.mask), len(exchanges))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +174,7 @@ def measure(
     tokenizer: Any,
     played: Sequence[tuple[Scenario, NegotiationResult]],
     *,
-    template: str = DEFAULT_TEMPLATE,
+    template: str = CHAT_TEMPLATE,
     source: str = "",
 ) -> tuple[EpisodeLengths, list[int]]:
     """(summary, per-episode token counts after the prompt) of ``played`` rendered with ``tokenizer``."""
@@ -211,7 +200,7 @@ def measure_episode_lengths(
     buyers: Sequence[str],
     sellers: Sequence[str] = WARM_START_SELLERS,
     seed: int = 0,
-    template: str = DEFAULT_TEMPLATE,
+    template: str = CHAT_TEMPLATE,
 ) -> EpisodeLengths:
     """Play ``n`` rule-seller negotiations and measure their chat episodes with ``tokenizer`` (about a second
     for 64 negotiations)."""

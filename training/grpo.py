@@ -125,7 +125,7 @@ def learner_factory(model: Any, tok: Any, cfg: TrainConfig, spec: str) -> Negoti
         return CompactFactory(spec, CompactPolicy(model, tok), cfg.temperature)
     from .chat_rollout import ChatFactory, ChatPolicy
 
-    return ChatFactory(spec, ChatPolicy(model, tok), cfg.temperature)
+    return ChatFactory(spec, ChatPolicy(model, tok, max_new=cfg.turn_tokens), cfg.temperature)
 
 
 def dev_eval(model: Any, tok: Any, cfg: TrainConfig, runner: EpisodeRunner, step: int) -> DevEvaluation:
@@ -274,10 +274,13 @@ def build_trainer(
 
     if scenarios is None:
         scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    turn_cap: dict[str, Any] = {}
     if rollout_cls is None:
         rollout_cls = MarketRollout
         if not cfg.is_tiny:
             from .chat_rollout import ChatMarketRollout as rollout_cls
+
+            turn_cap = {"max_new": cfg.turn_tokens}
     rollout = rollout_cls(
         scenarios,
         BuyerPool(tuple(cfg.train_buyers)),
@@ -288,6 +291,7 @@ def build_trainer(
         max_tokens=cfg.max_tokens,
         group_size=cfg.group_size,
         run_id=cfg.run_name,
+        **turn_cap,
     )
     log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo, observer)
     callbacks, state = _callbacks(cfg, log, tok, runner, started, echo)
@@ -375,13 +379,13 @@ def _format(cfg: TrainConfig) -> str:
 
 
 def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
-    """What the registry records about a run; chat models also record the prompt template they were trained on,
-    which is how they are played unless the user names another."""
+    """What the registry records about a run; chat models also record the conversation template they were trained on
+    (name and id) and the cap on one turn's tokens, which is how they are played unless the user says otherwise."""
     out = {"stage": stage, "learning_rate": cfg.learning_rate, **{k: v for k, v in vars(cfg).items() if k != "resume"}}
     if not cfg.is_tiny:
-        from nego.agents.prompts import DEFAULT_TEMPLATE
+        from .chat_rollout import layout_config
 
-        out["template"] = DEFAULT_TEMPLATE
+        out.update(layout_config(cfg.turn_tokens))
     return out
 
 

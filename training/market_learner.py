@@ -165,9 +165,9 @@ class GRPOLearner:
         fmt = "compact" if self._compact else "hf"
         config = {"stage": "market-grpo", "base": self.base, "temperature": self.cfg.temperature}
         if not self._compact:
-            from nego.agents.prompts import DEFAULT_TEMPLATE
+            from .chat_rollout import layout_config
 
-            config["template"] = (self.entry.config.get("template") if self.entry else None) or DEFAULT_TEMPLATE
+            config.update(layout_config(self.cfg.turn_tokens))  # the layout its policy played and learned in
         entry = ModelEntry(
             name, str(final.resolve()), self.entry.name if self.entry else self.base, fmt, config, self._version
         )

@@ -14,17 +14,20 @@ from typing import Any
 
 
 class RowSampler:
-    """Picks each row's next token: greedy for temperature 0, else a draw from the row's own seeded generator.
+    """Picks each row's next token: greedy for temperature 0, else a draw from the row's own seeded generator; and
+    gives the log-probability of a chosen token under ``softmax(logits / T)`` (``T`` = 1 for greedy rows).
 
     Also a logits processor for ``generate``: a sampled row's chosen token is the only one left, so the greedy
-    step that follows takes it.
+    step that follows takes it; the log-probabilities of each step's chosen tokens are kept in ``chosen_logprobs``.
     """
 
     def __init__(self, torch: Any, rows: list[tuple[float, int | None]], device: Any) -> None:
         self.torch = torch
         self.first_call_at: float | None = None
+        self.chosen_logprobs: list[Any] = []
         self.sampled = [row for row, (t, _) in enumerate(rows) if t > 0]
         self.temperatures = torch.tensor([[rows[row][0]] for row in self.sampled], device=device)
+        self.row_temperatures = torch.tensor([[t if t > 0 else 1.0] for t, _ in rows], device=device)
         self.generators = []
         for row in self.sampled:
             seed = rows[row][1]
@@ -48,12 +51,18 @@ class RowSampler:
             picked[self.sampled] = (probs / noise).argmax(dim=-1)
         return picked
 
+    def logprobs(self, logits: Any, picked: Any) -> Any:
+        """The log-probability of each row's ``picked`` token under ``softmax(logits / T)``, as float32 ([rows])."""
+        logp = self.torch.log_softmax(logits.float() / self.row_temperatures, dim=-1)
+        return logp.gather(1, picked[:, None])[:, 0]
+
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
+        picked = self.pick(scores)
+        self.chosen_logprobs.append(self.logprobs(scores, picked))
         if not self.sampled:
             return scores
-        picked = self.pick(scores)
         out = scores.clone()
         out[self.sampled] = float("-inf")
         out[self.sampled, picked[self.sampled]] = 0.0

@@ -164,8 +164,8 @@ def test_reading_a_prompt_after_a_cached_prefix_is_bit_identical_to_reading_it_w
 
     reusing, fresh = prefill_pair
     with torch.inference_mode():
-        reusing._prefill(prefix + first)
-        got, want = reusing._prefill(prefix + second), fresh._prefill(prefix + second)
+        reusing.engine._prefill(prefix + first)
+        got, want = reusing.engine._prefill(prefix + second), fresh.engine._prefill(prefix + second)
     assert got.length == want.length == len(prefix) + len(second)
     assert torch.equal(got.logits, want.logits)
     for (gk, gv), (wk, wv) in zip(got.kv, want.kv, strict=True):
@@ -189,7 +189,7 @@ async def test_concurrent_negotiations_reuse_their_shared_opening_stored_once(ti
     finally:
         await backend.aclose()
     assert backend.stats.prompt_tokens_reused == 2 * shared
-    cache = backend._prefixes
+    cache = backend.engine.prefixes
     whole = [len(ids) // 4 for ids in encoded]
     distinct = sum(whole) - 2 * (shared // 4)  # the shared opening's chunks are kept once, not three times
     assert distinct == len({tuple(ids[:end]) for ids in encoded for end in range(4, len(ids) + 1, 4)})

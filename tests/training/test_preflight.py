@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from nego.agents.backends.hf_engine import Generated
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, child_seeds, run_jobs
 from nego.market.protocol import run_negotiation
 from nego.scenarios.scenario import Role
-from nego.training.chat_rollout import ChatNegotiator
+from nego.training.chat_rollout import ChatNegotiator, ChatPolicy
 from nego.training.config import DEFAULT_TRAIN_BUYERS, TrainConfig
 from nego.training.episode_lengths import (
     EpisodeLengths,
@@ -158,25 +159,28 @@ def test_rendered_episodes_match_what_the_chat_rollout_builds(tok):
     for job, result in zip(jobs, run_jobs(resolve, jobs), strict=True):
         expected = render_episode(tok, job.scenario, result)
         replies = iter([reply_text(t.action) for t in result.turns if t.role is Role.SELLER])
-        seller = ChatNegotiator(_Scripted(tok, replies), Role.SELLER, 0, None)
+        policy = ChatPolicy(None, tok, max_new=10_000, generator=_Scripted(tok, replies))
+        seller = ChatNegotiator(policy, Role.SELLER, 0, None)
         buyer = resolve(job.buyer)(Role.BUYER, child_seeds(job.seed)[1])
         replay = asyncio.run(run_negotiation(job.scenario, seller, buyer, seed=job.seed))
         assert replay.outcome == result.outcome
-        assert seller.trace.prompt == expected.prompt and seller.trace.ids == expected.ids
-        assert seller.trace.mask == expected.mask and sum(expected.mask) > 0
+        trace = seller.record(replay)
+        assert list(trace.prompt_ids) == expected.prompt and list(trace.completion_ids) == expected.ids
+        assert list(trace.mask) == expected.mask and sum(expected.mask) > 0
 
 
 class _Scripted:
-    """A stand-in for ChatPolicy that answers each generation request with the next scripted reply."""
-
-    max_new = 10_000
+    """A stand-in for the policy's generator that answers each request with the next scripted reply."""
 
     def __init__(self, tokenizer, replies):
-        self.tokenizer, self.replies, self.eos_id, self.batcher = tokenizer, replies, eos_id(tokenizer), self
+        self.tokenizer, self.replies, self.eos_id = tokenizer, replies, eos_id(tokenizer)
 
-    async def submit(self, ids, max_new, temperature, generator):
-        out = [*self.tokenizer.encode(next(self.replies), add_special_tokens=False), self.eos_id]
-        return out, [0.0] * len(out)
+    async def generate(self, ids, max_new, temperature, seed):
+        out = (*self.tokenizer.encode(next(self.replies), add_special_tokens=False), self.eos_id)
+        return Generated(out, (0.0,) * len(out), True)
+
+    async def aclose(self):
+        pass
 
 
 def test_measured_lengths_set_a_cap_the_old_default_was_under(tok):
