@@ -272,6 +272,8 @@ def build_trainer(
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    if cfg.is_tiny:
+        cfg = cfg.resolved_tiny()  # callers that build a trainer without train() (diagnostics, benches) included
     if scenarios is None:
         scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
     turn_cap: dict[str, Any] = {}
