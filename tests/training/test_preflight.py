@@ -221,8 +221,9 @@ def test_memory_arithmetic_matches_the_stated_bytes_per_parameter(facts):
 @pytest.mark.slow
 def test_train_on_a_tiny_gemma4_at_the_defaults_runs_without_a_token_cap_error(tok, tmp_path, monkeypatch):
     """Every default but the step count and batch sizes: 10 rounds, an auto episode cap from the preflight, auto
-    fine-tuning. A random model's long replies may run an episode over the cap: it is kept out of the loss, not an
-    error."""
+    fine-tuning. The random model's generation config lists every id as an end of text, so each reply is one token
+    (the engine stops at every end-of-text id): the negotiations run their full 10 rounds of invalid replies and
+    retries, cheaply."""
     import torch
     from nego.training import grpo
     from nego.training.gemma4_shapes import tiny_config
@@ -232,6 +233,7 @@ def test_train_on_a_tiny_gemma4_at_the_defaults_runs_without_a_token_cap_error(t
     ids = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(len(tok), **ids))
+    model.generation_config.eos_token_id = list(range(len(tok)))
     model.save_pretrained(tmp_path / "g4")
     tok.save_pretrained(tmp_path / "g4")
     cfg = TrainConfig(
