@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from nego.market.types import Action, ActionKind, NegotiationResult, Observation, Offer, Outcome
-from nego.scenarios.issues import Value
+from nego.scenarios.issues import Issue, Value
+from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
 from .trace import TokenTrace
@@ -89,11 +91,21 @@ def utility_words(view: ScenarioView, offer: Offer, opponent: bool) -> list[str]
 
 def level_offer(view: ScenarioView, levels: Sequence[int]) -> Offer:
     """Each level played as the issue's grid value whose own value is nearest ``level/10`` (first on ties)."""
-    values: dict[str, Value] = {}
-    for issue, level in zip(view.issues, levels, strict=True):
-        vf = view.preferences.values[issue.name]
-        values[issue.name] = min(issue.grid(), key=lambda v, vf=vf, issue=issue: abs(vf(issue, v) - level / LEVELS))
-    return Offer(values)
+    prefs = view.preferences
+    return Offer(
+        {
+            issue.name: _level_values(issue, prefs.values[issue.name])[level]
+            for issue, level in zip(view.issues, levels, strict=True)
+        }
+    )
+
+
+@lru_cache(maxsize=16384)
+def _level_values(issue: Issue, vf: ValueFunction) -> tuple[Value, ...]:
+    """The grid value each level ``0..LEVELS`` stands for (a search over the grid, done once per issue and side)."""
+    grid = issue.grid()
+    own = [vf(issue, v) for v in grid]
+    return tuple(grid[min(range(len(grid)), key=lambda j: abs(own[j] - k / LEVELS))] for k in range(LEVELS + 1))
 
 
 def rounds_word(obs: Observation) -> str:
