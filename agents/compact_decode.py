@@ -45,7 +45,9 @@ def supports_kept_cache(model: Any) -> bool:
     if not isinstance(model, Qwen2ForCausalLM):
         return False
     types = getattr(model.config, "layer_types", None) or ["full_attention"]
-    return all(t == "full_attention" for t in types)
+    parts = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
+    layers_fit = all(hasattr(layer, p) for layer in model.model.layers for p in parts)
+    return all(t == "full_attention" for t in types) and layers_fit and hasattr(model.model, "rotary_emb")
 
 
 def _generate_reread(model: Any, batch: Sequence[Any], pad_id: int, stop_id: int) -> list[Result]:
