@@ -14,8 +14,9 @@ scenario fits into, built only from the acting side's own observation:
 
 A level ``k`` of an issue means "own value about k/10" and is played as the grid value of that issue whose own
 value is nearest to k/10, so direction and categorical tables never need their own words. The model is shared
-by all negotiators of a factory and its forward passes are batched across concurrent negotiations.
-torch and transformers are imported only when a model is loaded.
+by all negotiators of a factory and its forward passes are batched across concurrent negotiations; each negotiator
+keeps the keys and values of what the model has read of its episode, so a turn reads only the words added since its
+last one (:mod:`nego.agents.compact_decode`). torch and transformers are imported only when a model is loaded.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from nego.market.types import Action, ActionKind, NegotiationResult, Observation, Offer, Outcome
-from nego.scenarios.issues import Value
+from nego.scenarios.issues import Issue, Value
+from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
 from .trace import TokenTrace
@@ -88,11 +91,21 @@ def utility_words(view: ScenarioView, offer: Offer, opponent: bool) -> list[str]
 
 def level_offer(view: ScenarioView, levels: Sequence[int]) -> Offer:
     """Each level played as the issue's grid value whose own value is nearest ``level/10`` (first on ties)."""
-    values: dict[str, Value] = {}
-    for issue, level in zip(view.issues, levels, strict=True):
-        vf = view.preferences.values[issue.name]
-        values[issue.name] = min(issue.grid(), key=lambda v, vf=vf, issue=issue: abs(vf(issue, v) - level / LEVELS))
-    return Offer(values)
+    prefs = view.preferences
+    return Offer(
+        {
+            issue.name: _level_values(issue, prefs.values[issue.name])[level]
+            for issue, level in zip(view.issues, levels, strict=True)
+        }
+    )
+
+
+@lru_cache(maxsize=16384)
+def _level_values(issue: Issue, vf: ValueFunction) -> tuple[Value, ...]:
+    """The grid value each level ``0..LEVELS`` stands for (a search over the grid, done once per issue and side)."""
+    grid = issue.grid()
+    own = [vf(issue, v) for v in grid]
+    return tuple(grid[min(range(len(grid)), key=lambda j: abs(own[j] - k / LEVELS))] for k in range(LEVELS + 1))
 
 
 def rounds_word(obs: Observation) -> str:
@@ -193,9 +206,14 @@ class BatchedGenerator:
         self.calls = 0
 
     async def submit(
-        self, ids: list[int], max_new: int, temperature: float | None, generator: Any = None
+        self,
+        ids: list[int],
+        max_new: int,
+        temperature: float | None,
+        generator: Any = None,
+        cache: KVCache | None = None,
     ) -> tuple[list[int], list[float]]:
-        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future())
+        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future(), cache)
         self._pending.append(req)
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._run_batch())
@@ -222,9 +240,14 @@ class BatchedGenerator:
 
 
 class CompactPolicy:
-    """A compact-protocol model shared by many negotiators; concurrent requests become one batched forward pass."""
+    """A compact-protocol model shared by many negotiators; concurrent requests become one batched forward pass.
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_context: int | None = None) -> None:
+    With ``keep_cache`` (the default, on the Qwen2 models ``nego train`` builds) each negotiator keeps the keys and
+    values of what the model has read of its episode, so a turn reads only the words added since its last turn;
+    ``keep_cache=False`` re-reads the whole episode every turn (same tokens and log-probabilities up to float
+    rounding, slower; ``bench/grpo_profile.py --compare`` measures the two)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_context: int | None = None, keep_cache: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
@@ -237,6 +260,11 @@ class CompactPolicy:
         self.ids = {w: vocab[w] for w in vocabulary()}
         self.words = {i: w for w, i in self.ids.items()}
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1024))
+        if keep_cache:
+            from .compact_decode import supports_kept_cache
+
+            keep_cache = supports_kept_cache(model)
+        self.keep_cache = keep_cache
         self.batcher = BatchedGenerator(
             lambda batch: generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT])
         )
@@ -267,90 +295,43 @@ class CompactPolicy:
         model.eval()
         return cls(model, tokenizer)
 
+    def new_cache(self) -> KVCache | None:
+        """A fresh cache for one negotiation, or None when this policy re-reads every turn."""
+        return KVCache() if self.keep_cache else None
+
     async def generate(
-        self, words: Sequence[str], max_new: int, temperature: float | None, generator: Any = None
+        self,
+        words: Sequence[str],
+        max_new: int,
+        temperature: float | None,
+        generator: Any = None,
+        cache: KVCache | None = None,
     ) -> tuple[list[str], list[float]]:
-        """Continue ``words`` until ``<eot>`` or ``max_new`` words; greedy when ``temperature`` is None."""
+        """Continue ``words`` until ``<eot>`` or ``max_new`` words; greedy when ``temperature`` is None. A ``cache``
+        (from :meth:`new_cache`, one per negotiation) saves reading again what an earlier turn already read."""
         ids = [self.ids.get(w, self.ids[UNK]) for w in words]
         if len(ids) + max_new > self.max_context:
             raise RuntimeError(f"episode context of {len(ids) + max_new} tokens exceeds the model's {self.max_context}")
-        out_ids, logps = await self.batcher.submit(ids, max_new, temperature, generator)
+        out_ids, logps = await self.batcher.submit(ids, max_new, temperature, generator, cache)
         return [self.words[i] for i in out_ids], logps
 
 
-def generate_turns(
-    model: Any, batch: Sequence[_Request], pad_id: int, stop_id: int
-) -> list[tuple[list[int], list[float]]]:
-    """One batched, KV-cached decoding loop over left-padded contexts; each row stops at ``stop_id``.
+def generate_turns(model: Any, batch: Sequence[Any], pad_id: int, stop_id: int) -> list[tuple[list[int], list[float]]]:
+    """One batched, KV-cached decoding call (see :func:`nego.agents.compact_decode.generate_turns`; torch loads
+    only here)."""
+    from .compact_decode import generate_turns as run
 
-    Rows sample with their own generator (so a negotiation's draws do not depend on its batch mates) and
-    report the log-probability of each chosen token under ``softmax(logits / temperature)``, the quantity the
-    GRPO trainer recomputes; greedy rows report it at temperature 1.
-    """
-    import torch
-
-    n, width = len(batch), max(len(r.ids) for r in batch)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    att = torch.zeros((n, width), dtype=torch.long)
-    for row, r in enumerate(batch):
-        ids[row, width - len(r.ids) :] = torch.tensor(r.ids)
-        att[row, width - len(r.ids) :] = 1
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out_ids: list[list[int]] = [[] for _ in batch]
-    out_lp: list[list[float]] = [[] for _ in batch]
-    done = [False] * n
-    steps = max(r.max_new for r in batch)
-    device = next(model.parameters()).device
-    pick = _Picker(torch, batch)
-    with torch.no_grad():
-        res = model(
-            input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device), use_cache=True
-        )
-        for step in range(steps):
-            toks, logps = pick(res.logits[:, -1, :].float().cpu())
-            for row, r in enumerate(batch):
-                if done[row]:
-                    continue
-                out_ids[row].append(toks[row])
-                out_lp[row].append(logps[row])
-                done[row] = toks[row] == stop_id or len(out_ids[row]) >= r.max_new
-            if all(done) or step == steps - 1:
-                break
-            nxt = torch.tensor([pad_id if d else t for d, t in zip(done, toks, strict=True)], dtype=torch.long)
-            att = torch.cat([att, torch.ones((n, 1), dtype=torch.long)], 1)
-            pos = pos[:, -1:] + 1
-            res = model(
-                input_ids=nxt[:, None].to(device),
-                attention_mask=att.to(device),
-                position_ids=pos.to(device),
-                cache=res.cache,
-                use_cache=True,
-            )
-    return list(zip(out_ids, out_lp, strict=True))
+    return run(model, batch, pad_id, stop_id)
 
 
-class _Picker:
-    """Chooses every row's next token at once: greedy rows take the argmax, sampled rows run an exponential race
-    (argmax of p / E, E ~ Exp(1) from the row's own generator: one multinomial draw, so a row's tokens do not
-    depend on its batch mates). Returns the tokens and their log-probabilities under softmax(logits / T)."""
+@dataclass(slots=True)
+class KVCache:
+    """What the model has read of one negotiation: the token ids and their keys and values per layer
+    (``[layers, 2, kv_heads, len(ids), head_dim]``; None before the first turn). One negotiator owns it; it is
+    valid for the weights that wrote it, which never change during a negotiation."""
 
-    def __init__(self, torch: Any, batch: Sequence[_Request]) -> None:
-        self.torch = torch
-        self.temps = torch.tensor([[r.temperature or 1.0] for r in batch])
-        self.sampled = [row for row, r in enumerate(batch) if r.temperature is not None]
-        self.generators = [batch[row].generator for row in self.sampled]
-
-    def __call__(self, logits: Any) -> tuple[list[int], list[float]]:
-        torch = self.torch
-        logp = torch.log_softmax(logits / self.temps, -1)
-        toks = logp.argmax(-1)
-        if self.sampled:
-            probs = logp[self.sampled].exp()
-            noise = torch.empty_like(probs)
-            for i, gen in enumerate(self.generators):
-                noise[i].exponential_(generator=gen)
-            toks[self.sampled] = (probs / noise).argmax(-1)
-        return toks.tolist(), logp.gather(1, toks[:, None])[:, 0].tolist()
+    ids: list[int] = field(default_factory=list)
+    kv: Any = None
 
 
 @dataclass(slots=True)
@@ -360,6 +341,7 @@ class _Request:
     temperature: float | None
     generator: Any
     future: asyncio.Future
+    cache: KVCache | None = None
 
 
 class CompactNegotiator:
@@ -371,6 +353,7 @@ class CompactNegotiator:
         self.policy = policy
         self.trace = CompactTrace(Role(role))
         self.temperature = temperature
+        self.cache = policy.new_cache()
         self.generator = None
         if temperature is not None:
             import torch
@@ -381,13 +364,14 @@ class CompactNegotiator:
         self.trace.observe(obs)
         max_new = len(obs.scenario.issues) + 2
         words, logps = await self.policy.generate(
-            self.trace.prompt + self.trace.words, max_new, self.temperature, self.generator
+            self.trace.prompt + self.trace.words, max_new, self.temperature, self.generator, self.cache
         )
         self.trace.add(words, own=True, logprobs=logps)
         return parse_action(obs.scenario, words)
 
     def record(self, result: NegotiationResult) -> TokenTrace:
         """The finished episode (closing words added) as token ids of the policy's vocabulary."""
+        self.cache = None  # the episode is over: nothing more to read
         self.trace.finish(result.outcome)
         return self.policy.token_trace(self.trace)
 

@@ -55,3 +55,15 @@ def test_the_seller_sees_its_own_utility_of_both_offers_and_whether_it_clears_it
     own = [words[j + 1] for j, w in enumerate(words[:-1]) if w == EOT and words[j + 1].startswith("u")]
     own_offers = [t.action.offer for t in result.turns if t.role is Role.SELLER and t.action.offer is not None]
     assert own and own == [f"u{round(widget_scenario.utility(Role.SELLER, o) * 20)}" for o in own_offers[: len(own)]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), data=st.data(), role=st.sampled_from([Role.SELLER, Role.BUYER]))
+def test_a_level_plays_the_grid_value_nearest_its_own_value_first_on_ties(seed, data, role):
+    view = generate_scenario(seed).view_for(role)
+    levels = [data.draw(st.integers(0, 10)) for _ in view.issues]
+    offer = level_offer(view, levels)
+    for issue, level in zip(view.issues, levels, strict=True):
+        vf = view.preferences.values[issue.name]
+        distances = [abs(vf(issue, v) - level / 10) for v in issue.grid()]
+        assert offer[issue.name] == issue.grid()[distances.index(min(distances))]
