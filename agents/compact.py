@@ -7,8 +7,10 @@ scenario fits into, built only from the acting side's own observation:
   and the own reservation bucket (``r0..r20``);
 - before each own turn: the own utility of the own last offer, ``u14`` (``u0..u20``, steps of 0.05), the other
   side's new offer as own-value levels followed by its own utility and whether that clears the own reservation,
-  ``opp L3 L9 L0 u7 above`` (or ``below``), then the rounds left, ``T4`` (``invalid T4`` when the last attempt
-  was rejected);
+  ``opp L3 L9 L0 u7 above`` (or ``below``), then how the other side has been moving, in own utility: how much it
+  has conceded since its first offer, ``c3`` (``c0..c20``, steps of 0.05), and how its last offer moved from its
+  previous one, ``d0`` (stalled: under 0.01), ``d1`` (under 0.03), ``d2`` (under 0.07), ``d3`` (more) or ``d-`` (it
+  took something back); then the rounds left, ``T4`` (``invalid T4`` when the last attempt was rejected);
 - an own turn: ``offer L10 L7 L2 <eot>``, ``accept <eot>`` or ``walk <eot>``;
 - the end (rendered by whoever records the episode): ``opp-accept``, ``opp-walk`` or ``deadline``, then ``</s>``.
 
@@ -44,6 +46,9 @@ PAD, BOS, EOS, EOT, UNK = "<pad>", "<s>", "</s>", "<eot>", "<unk>"
 OFFER, ACCEPT, WALK = "offer", "accept", "walk"
 OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID = "opp", "opp-accept", "opp-walk", "deadline", "invalid"
 ABOVE, BELOW = "above", "below"
+MOVES = ("d-", "d0", "d1", "d2", "d3")
+"""The other side's last move in own utility: took back, stalled, small, medium, large concession."""
+MOVE_EDGES = (-0.01, 0.01, 0.03, 0.07)
 
 
 def vocabulary() -> list[str]:
@@ -56,6 +61,8 @@ def vocabulary() -> list[str]:
     # appended later (utility words): earlier ids never move
     words += [f"u{k}" for k in range(BUCKETS + 1)]
     words += [ABOVE, BELOW]
+    words += [f"c{k}" for k in range(BUCKETS + 1)]  # the other side's concession so far
+    words += list(MOVES)
     return words
 
 
@@ -106,6 +113,18 @@ def _level_values(issue: Issue, vf: ValueFunction) -> tuple[Value, ...]:
     grid = issue.grid()
     own = [vf(issue, v) for v in grid]
     return tuple(grid[min(range(len(grid)), key=lambda j: abs(own[j] - k / LEVELS))] for k in range(LEVELS + 1))
+
+
+def trend_words(opponent_utilities: Sequence[float]) -> list[str]:
+    """How the other side has been moving, in own utility: its concession since its first offer and, once it has made
+    two offers, the size of its last move (see :data:`MOVES`)."""
+    if not opponent_utilities:
+        return []
+    words = [f"c{_bucket(max(0.0, opponent_utilities[-1] - opponent_utilities[0]), BUCKETS)}"]
+    if len(opponent_utilities) >= 2:
+        delta = opponent_utilities[-1] - opponent_utilities[-2]
+        words.append(MOVES[sum(delta >= edge for edge in MOVE_EDGES)])
+    return words
 
 
 def rounds_word(obs: Observation) -> str:
@@ -163,6 +182,7 @@ class CompactTrace:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     seen_moves: int = 0
+    opponent_utilities: list[float] = field(default_factory=list)
 
     def observe(self, obs: Observation) -> None:
         """Append the environment words this observation adds (masked out of any loss)."""
@@ -170,6 +190,7 @@ class CompactTrace:
             self.prompt = header_words(obs.scenario)
         env: list[str] = []
         view = obs.scenario
+        seen = len(self.opponent_utilities)
         for move in obs.history[self.seen_moves :]:
             if move.kind is not ActionKind.OFFER or move.offer is None:
                 continue
@@ -177,6 +198,9 @@ class CompactTrace:
                 env += utility_words(view, move.offer, opponent=False)
             else:
                 env += [OPP, *(f"L{k}" for k in offer_levels(view, move.offer)), *utility_words(view, move.offer, True)]
+                self.opponent_utilities.append(view.utility(move.offer))
+        if len(self.opponent_utilities) > seen:
+            env += trend_words(self.opponent_utilities)
         self.seen_moves = len(obs.history)
         if obs.feedback is not None:
             env.append(INVALID)

@@ -12,6 +12,10 @@ from nego.market.types import Action, Observation, Offer
 from .rulebase import ACCEPT, EPS, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action, opponent_offers
 from .search import OutcomeSpace
 
+HELD_OUT_FAMILIES = ("walker", "picky")
+"""Families that only evaluation plays: their code, and any parameterisation of it, never enters a training pool,
+a warm start, or a default chosen on the dev split."""
+
 
 class Walker(RuleNegotiator):
     """Concedes along u(t) = hi - (hi - rv) * t^(1/e) and walks away early.

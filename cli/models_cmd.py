@@ -53,7 +53,8 @@ def models(
     for col in ("name", "format", "base", "steps", "dev utility / deals", "created"):
         table.add_column(col, justify="right" if col == "steps" else "left")
     for e in entries:
-        table.add_row(e.name, e.format, e.base or "-", str(e.steps), _dev_summary(e), e.created[:16].replace("T", " "))
+        steps = str(e.steps) + (" (cut short)" if e.config.get("cut_short") else "")
+        table.add_row(e.name, e.format, e.base or "-", steps, _dev_summary(e), e.created[:16].replace("T", " "))
     console.print(table)
     width = max(len(e.name) for e in entries)
     for e in entries:

@@ -49,9 +49,12 @@ def train(**kwargs: Any) -> None:
         raise typer.Exit(2) from None
     typer.echo(
         f"done in {result.seconds / 60:.1f} min: {result.base_name} and {result.rl_name} registered "
-        f"({result.steps} GRPO steps{', stopped by the time budget' if result.stopped_early else ''}); "
-        f"run directory {result.run_dir}"
+        f"({result.steps} GRPO steps); run directory {result.run_dir}"
     )
+    if result.stopped_early:
+        typer.secho(
+            f"WARNING: cut short by the time cap at {result.steps} of {cfg.steps} GRPO steps", err=True, fg="red"
+        )
 
 
 def _run_live(run: Any, cfg: TrainConfig, console: Console) -> Any:

@@ -22,6 +22,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from nego.agents.heldout import HELD_OUT_FAMILIES
 from nego.scenarios.catalog import CATEGORIES
 from nego.scenarios.generator import generate_scenario
 from nego.scenarios.io import scenario_from_dict, scenario_to_dict
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 EVAL_SEED_RANGE = range(900_000, 1_000_000)
 """Generator seeds reserved for evaluation suites; training scenarios come from seeds outside it."""
 
-DEFAULT_BUYERS = ("walker", "picky")
+DEFAULT_BUYERS = HELD_OUT_FAMILIES
 """Held-out buyer families: not in the default training pool (time-dependent buyers) and different in their end
 game (walking away when offers stall; accepting only well above reservation)."""
 

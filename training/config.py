@@ -28,9 +28,21 @@ LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
 TINY_MAX_TOKENS = 512
 """The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
 TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
-# Time-dependent buyers of random speed that may run out of patience (walk away at a round the seller cannot
-# see) or hold out above their reservation, plus tit-for-tat: a pool where holding out has a price.
-DEFAULT_TRAIN_BUYERS = ("timedep:e=0.3..3,patience=0.4..1", "timedep:e=0.3..3,margin=0..0.15", "tft")
+# A market of buyers that end negotiations in different ways, parameters drawn per negotiation: time-dependent
+# buyers that may run out of patience at a round the seller cannot see or hold out above their reservation,
+# tit-for-tat, and four families that make stalling cost the seller (a reciprocating buyer that hardens when the
+# seller does not move, a buyer with a private outside option that leaves when the seller's trend will not reach it,
+# a stochastic quitter whose hazard rises while the seller stalls, a buyer with a private deadline). None of them is
+# a held-out family (agents.heldout.HELD_OUT_FAMILIES): the validation below refuses those.
+DEFAULT_TRAIN_BUYERS = (
+    "timedep:e=0.3..3,patience=0.4..1",
+    "timedep:e=0.3..3,margin=0..0.15",
+    "tft",
+    "reciprocal:r=0.5..1.5,harden=0..0.5",
+    "outside:low=0.05..0.3,high=0.3..0.6,e=0.5..2",
+    "hazard:quit=0.15..0.5,expect=0.01..0.05,e=0.5..2",
+    "deadline:early=0.3..0.6,e=1..3",
+)
 REAL_DEFAULT_LR = 1e-6
 
 
@@ -52,7 +64,7 @@ class TrainConfig:
     lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from dev-split arms; 1e-6 otherwise)")
     group_size: int = _f(8, "negotiations per scenario in one GRPO group (G >= 2)")
     scenarios_per_step: int = _f(8, "scenarios per optimizer step; batch = scenarios_per_step * group_size")
-    steps: int = _f(400, "GRPO optimizer steps")
+    steps: int = _f(300, "GRPO optimizer steps: a fixed amount of work, so a run's result depends on its seed only")
     beta: float = _f(0.0, "KL penalty towards the starting policy (0 = no reference model)")
     loss_type: str = _f("dapo", f"GRPO loss variant: {', '.join(LOSS_TYPES)}")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
@@ -87,7 +99,11 @@ class TrainConfig:
     )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
     threads: int = _f(0, THREADS_HELP)
-    time_budget_min: float = _f(13.5, "stop GRPO early (logged) when the whole run reaches this many minutes; 0 = off")
+    time_budget_min: float = _f(
+        0.0,
+        "optional time cap: stop early when the whole run reaches this many minutes (the warm start gets at most a "
+        "third); a run it cuts short says so in its output and its registry entries; 0 = off",
+    )
     use_vllm: bool = _f(False, "generate through vLLM via TRL (GPU, needs the vllm extra)")
     vllm_server: str = _f("", "URL of a `trl vllm-serve` server (server mode); empty = colocate")
     resume: str = _f("", "resume from this run directory (its latest checkpoint)")
@@ -159,8 +175,10 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(msg)
         no_deal_value(self.no_deal_reward)
-        from .pool import BuyerPool
+        from .pool import BuyerPool, refuse_held_out
 
+        refuse_held_out("train_buyers", self.train_buyers)
+        refuse_held_out("sft_sellers", self.sft_sellers)
         BuyerPool(tuple(self.train_buyers)).check()
         return self
 

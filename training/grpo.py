@@ -25,7 +25,10 @@ from .rollout import TRAIN_ARM, MarketRollout, split_scenarios, trl_reward
 from .runner import EpisodeRunner
 from .train_log import TrainLog, TrainObserver
 
-DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5")
+DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5", "reciprocal", "outside", "hazard", "deadline")
+"""Dev evaluation buyers: every training family at fixed parameters (never a held-out one)."""
+CUT_SHORT = "CUT_SHORT"
+"""A file in a model directory whose training the time cap ended early (its text says how far it got)."""
 TRANSCRIPTS = "transcripts"
 Echo = Callable[[str], None]
 
@@ -109,8 +112,14 @@ def warm_start(
             deadline=deadline,
             echo=echo,
         )
-        cut = f" (stopped by the time budget at {r.steps}/{cfg.sft_steps})" if r.steps < cfg.sft_steps else ""
-        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s{cut}")
+        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+        if r.steps < cfg.sft_steps:
+            echo(
+                f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
+                f"{r.steps} of {cfg.sft_steps} steps"
+            )
+            (run_dir / "base").mkdir(parents=True, exist_ok=True)
+            (run_dir / "base" / CUT_SHORT).write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
     model.save_pretrained(base)
     tok.save_pretrained(base)
     return model, tok
@@ -360,6 +369,9 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
         base_dev = dev_eval(model, tok, cfg, runner, 0)
         base_name = cfg.run_name
         entry_cfg = _entry_config(cfg, "base")
+        cut = run_dir / "base" / CUT_SHORT
+        if cut.exists():
+            entry_cfg["cut_short"] = cut.read_text().strip()
         register(ModelEntry(base_name, base_path, "", _format(cfg), entry_cfg, sft_steps, {"dev": base_dev.summary()}))
         echo(f"registered {base_name}: dev {base_dev.line()}")
         if observer is not None:
@@ -411,16 +423,25 @@ def finish(
     steps = int(trainer.state.global_step)
     dev = dev_eval(model, tok, cfg, runner, steps)
     name = rl_name(cfg)
+    entry_cfg = _entry_config(cfg, "grpo")
+    if stopped:
+        entry_cfg["cut_short"] = f"{steps}/{cfg.steps} GRPO steps (time_budget_min={cfg.time_budget_min:g})"
+        (final / CUT_SHORT).write_text(entry_cfg["cut_short"] + "\n")
     register(
         ModelEntry(
             name,
             str(final.resolve()),
             base_name,
             _format(cfg),
-            _entry_config(cfg, "grpo"),
+            entry_cfg,
             steps,
             {"dev": dev.summary(), "stopped_early": stopped},
         )
     )
     echo(f"registered {name} after {steps} GRPO steps: dev {dev.line()}")
+    if stopped:
+        echo(
+            f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut this run short at {steps} of "
+            f"{cfg.steps} GRPO steps: {name} is not what the configured run trains (the registry says so too)"
+        )
     return TrainResult(run_dir, base_name, name, steps, stopped, dev, time.perf_counter() - started)

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from nego.agents.registry import NegotiatorFactory, resolve
+from nego.agents.heldout import HELD_OUT_FAMILIES
+from nego.agents.registry import NegotiatorFactory, resolve, rule_family
 
 _RANGE = re.compile(r"(?P<key>[A-Za-z_]+)=(?P<lo>-?[0-9.]+)\.\.(?P<hi>-?[0-9.]+)")
+
+
+def refuse_held_out(field: str, specs: Sequence[str]) -> None:
+    """Raise ConfigError if any spec is a held-out evaluation family (whatever its parameters)."""
+    from .config import ConfigError
+
+    for spec in specs:
+        family = rule_family(spec)
+        if family in HELD_OUT_FAMILIES:
+            raise ConfigError(
+                f"{field}: {spec!r} is the held-out evaluation family {family!r}; the held-out families "
+                f"({', '.join(HELD_OUT_FAMILIES)}) never enter training, so evaluations against them stay held out"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,8 +54,17 @@ def test_an_eval_records_and_reports_the_overlap(tmp_path, tiny_suite_path):
     assert "**not held out:** leaky-rl was trained against buyer family walker" in report
 
 
-def test_train_warns_when_its_pool_takes_in_a_held_out_family(capsys):
+def test_train_warns_when_its_pool_takes_in_the_diagnostic_buyer(capsys):
     _warn_if_training_on_held_out(TrainConfig())
     assert capsys.readouterr().err == ""
-    _warn_if_training_on_held_out(TrainConfig(train_buyers=["timedep:e=1", "walker:k=2"]))
-    assert "training pool includes walker" in capsys.readouterr().err
+    _warn_if_training_on_held_out(TrainConfig(train_buyers=["timedep:e=1", "hardliner:accept=0.9"]))
+    assert "training pool includes hardliner" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field", ["train_buyers", "sft_sellers"])
+@pytest.mark.parametrize("spec", ["walker", "walker:k=2,patience=0.5..0.9", "picky:margin=0.2", " Picky "])
+def test_a_training_pool_or_warm_start_can_never_take_in_a_held_out_family(field, spec):
+    from nego.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{field}: .* held-out evaluation family '(walker|picky)'"):
+        TrainConfig(**{field: ["timedep:e=1", spec]}).validate()

@@ -225,3 +225,32 @@ def test_checkpoint_resumes_to_the_same_state(run, tmp_path):
     assert after["negotiation_id"].n_unique() == after.height == before.height
     key = ["negotiation_id", "reward", "seller_utility"]
     assert after.sort("negotiation_id").select(key).equals(before.sort("negotiation_id").select(key))
+
+
+def test_a_run_cut_short_by_the_time_cap_says_so_in_its_output_and_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEGO_HOME", str(tmp_path / "home"))
+    cfg = TrainConfig(
+        out=str(tmp_path / "run"),
+        name="capped",
+        train_scenarios=8,
+        dev_scenarios=1,
+        sft_episodes=32,
+        sft_steps=2000,
+        sft_batch=8,
+        steps=50,
+        group_size=2,
+        scenarios_per_step=2,
+        eval_every=0,
+        save_every=0,
+        max_rounds=3,
+        threads=1,
+        time_budget_min=0.02,  # 1.2 s: the warm start gets 0.4 s, GRPO stops after its first step
+    )
+    lines: list[str] = []
+    result = grpo.train(cfg, echo=lines.append)
+    assert result.stopped_early and result.steps < cfg.steps
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert any("warm start" in w for w in warnings) and any(f"of {cfg.steps} GRPO steps" in w for w in warnings)
+    base, rl = lookup("capped"), lookup("capped-rl")
+    assert "warm-start steps" in base.config["cut_short"] and f"/{cfg.steps} GRPO steps" in rl.config["cut_short"]
+    assert rl.eval["stopped_early"] and (result.run_dir / "final" / "CUT_SHORT").is_file()
