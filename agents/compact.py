@@ -35,6 +35,7 @@ from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
 from .trace import TokenTrace
+from .trend import conceded, move_class
 
 if TYPE_CHECKING:
     from nego.agents.model_registry import ModelEntry
@@ -47,8 +48,8 @@ OFFER, ACCEPT, WALK = "offer", "accept", "walk"
 OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID = "opp", "opp-accept", "opp-walk", "deadline", "invalid"
 ABOVE, BELOW = "above", "below"
 MOVES = ("d-", "d0", "d1", "d2", "d3")
-"""The other side's last move in own utility: took back, stalled, small, medium, large concession."""
-MOVE_EDGES = (-0.01, 0.01, 0.03, 0.07)
+"""The other side's last move in own utility, by the classes of :data:`nego.agents.trend.MOVE_EDGES`: took back,
+stalled, small, medium, large concession."""
 
 
 def vocabulary() -> list[str]:
@@ -120,10 +121,10 @@ def trend_words(opponent_utilities: Sequence[float]) -> list[str]:
     two offers, the size of its last move (see :data:`MOVES`)."""
     if not opponent_utilities:
         return []
-    words = [f"c{_bucket(max(0.0, opponent_utilities[-1] - opponent_utilities[0]), BUCKETS)}"]
-    if len(opponent_utilities) >= 2:
-        delta = opponent_utilities[-1] - opponent_utilities[-2]
-        words.append(MOVES[sum(delta >= edge for edge in MOVE_EDGES)])
+    words = [f"c{_bucket(conceded(opponent_utilities), BUCKETS)}"]
+    kind = move_class(opponent_utilities)
+    if kind is not None:
+        words.append(MOVES[kind])
     return words
 
 

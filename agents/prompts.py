@@ -28,6 +28,7 @@ from nego.scenarios.preferences import Direction
 from nego.scenarios.scenario import ScenarioView
 
 from .backends.base import ACTION_TOOLS, ChatMessage
+from .trend import trend_sentence
 
 DEFAULT_TEMPLATE = "negotiator-v2"
 
@@ -48,6 +49,8 @@ FIELDS: dict[str, str] = {
     "history": "every public move so far with its message and its value to this side",
     "standing_offer": "the other side's offer on the table and its value to this side, or a note that none is",
     "feedback": "why this side's previous reply was rejected (empty on a first attempt)",
+    "trend": "what the other side has conceded since its first offer and how its last offer moved, in this side's "
+    "score, as a line ending in a newline (empty before its second offer)",
     "reply_format": "how to answer: the tools, or the JSON block to write",
 }
 
@@ -67,6 +70,7 @@ STATIC_FIELDS = frozenset(FIELDS) - {
     "history",
     "standing_offer",
     "feedback",
+    "trend",
 }
 """Fields that do not change during one side's negotiation (computed once per negotiator)."""
 
@@ -245,6 +249,7 @@ def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str,
         else f"{obs.rounds_left} rounds left including this one",
         "history": _history(obs.history, view, cache),
         "standing_offer": _standing(obs.standing_offer, view),
+        "trend": (trend + "\n") if (trend := trend_sentence(obs.history, view)) else "",
         "feedback": (
             f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
             if obs.feedback

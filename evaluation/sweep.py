@@ -255,6 +255,26 @@ def _write_study(study: pl.DataFrame, config: SweepConfig) -> pl.DataFrame:
     return study
 
 
+def _plot_gain_vs_lr(ax, study: pl.DataFrame, config: SweepConfig) -> None:
+    """One size: the gain against the learning rate (log scale), a line per buyer group and seed, so the curve from
+    too slow to learn through learning to collapse shows per buyer."""
+    groups = list(study["group"].unique(maintain_order=True))
+    seeds = list(config.seeds)
+    for g, group in enumerate(groups):
+        for k, seed in enumerate(seeds):
+            part = study.filter((pl.col("group") == group) & (pl.col("seed") == seed)).sort("lr")
+            if part.is_empty():
+                continue
+            shift = 1.0 + 0.06 * (g * len(seeds) + k - (len(groups) * len(seeds) - 1) / 2)  # keep bars apart
+            err = [part["gain"] - part["gain_low"], part["gain_high"] - part["gain"]]
+            label = group if len(seeds) == 1 else f"{group}, seed {seed}"
+            ax.errorbar([lr * shift for lr in part["lr"]], part["gain"], yerr=err, fmt="o-", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("gain over base")
+    ax.set_title(f"RL gain against learning rate ({config.sizes[0]})")
+
+
 def _num(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
@@ -291,19 +311,22 @@ def write_study_report(study: pl.DataFrame, config: SweepConfig) -> Path:
     path = config.out / "study.md"
     path.write_text("\n".join(lines))
     plt = pyplot()
-    suite_rows = study.filter(pl.col("group") == "suite")
     sizes = list(config.sizes)
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     ax.axhline(0.0, color="grey", lw=0.8)
-    for k, lr in enumerate(config.learning_rates):
-        part = suite_rows.filter(pl.col("lr") == lr)
-        xs = [sizes.index(s) + (k - (len(config.learning_rates) - 1) / 2) * 0.08 for s in part["size"]]
-        err = [part["gain"] - part["gain_low"], part["gain_high"] - part["gain"]]
-        ax.errorbar(xs, part["gain"], yerr=err, fmt="o-", capsize=3, label=f"lr {lr:g}")
-    ax.set_xticks(range(len(sizes)), sizes)
-    ax.set_xlabel("model size")
-    ax.set_ylabel("gain over base (suite)")
-    ax.set_title("RL gain against size, per learning rate")
+    if len(sizes) == 1:
+        _plot_gain_vs_lr(ax, study, config)
+    else:
+        suite_rows = study.filter(pl.col("group") == "suite")
+        for k, lr in enumerate(config.learning_rates):
+            part = suite_rows.filter(pl.col("lr") == lr)
+            xs = [sizes.index(s) + (k - (len(config.learning_rates) - 1) / 2) * 0.08 for s in part["size"]]
+            err = [part["gain"] - part["gain_low"], part["gain_high"] - part["gain"]]
+            ax.errorbar(xs, part["gain"], yerr=err, fmt="o-", capsize=3, label=f"lr {lr:g}")
+        ax.set_xticks(range(len(sizes)), sizes)
+        ax.set_xlabel("model size")
+        ax.set_ylabel("gain over base (suite)")
+        ax.set_title("RL gain against size, per learning rate")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(config.out / "gain_vs_size.png", dpi=110)

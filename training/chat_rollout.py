@@ -40,6 +40,8 @@ from .rollout import MarketRollout
 log = logging.getLogger(__name__)
 
 DEFAULT_TURN_TOKENS = 96
+DEFAULT_GENERATION_ROWS = 1024
+"""Rows one in-process generate call reads when no memory plan says otherwise (a real model's preflight does)."""
 
 
 class TemplateError(ValueError):
@@ -133,8 +135,9 @@ class ChatTrace:
 
 class ChatPolicy:
     """A chat model shared by negotiators: its tokenizer, the conversation template, the per-turn cap (``max_new``)
-    and the generator every negotiator's turns go through: in process, TRL's vLLM given ``vllm`` (kept in step with
-    the other training processes by ``lockstep``), or any other ``generator``."""
+    and the generator every negotiator's turns go through: in process (at most ``max_rows`` rows per generate call,
+    the preflight's memory plan), TRL's vLLM given ``vllm`` (kept in step with the other training processes by
+    ``lockstep``), or any other ``generator``."""
 
     def __init__(
         self,
@@ -146,6 +149,7 @@ class ChatPolicy:
         lockstep: Any = None,
         template: str = CHAT_TEMPLATE,
         generator: TokenGenerator | None = None,
+        max_rows: int = DEFAULT_GENERATION_ROWS,
     ) -> None:
         if max_new < 1:
             raise ValueError(f"max_new (the cap on one turn's new tokens) must be >= 1, got {max_new}")
@@ -167,7 +171,7 @@ class ChatPolicy:
             from nego.agents.backends.hf import HFBackend
 
             # built for this policy version: the prompt states it stores belong to these weights
-            self.generator = HFBackend(model, tokenizer, name="policy", max_batch=1024)
+            self.generator = HFBackend(model, tokenizer, name="policy", max_batch=max_rows)
         self.traces: list[ChatTrace] = []
 
     @property
@@ -259,11 +263,16 @@ def layout_config(max_new: int) -> dict[str, Any]:
 
 class ChatMarketRollout(MarketRollout):
     """The market rollout for chat models: same jobs, seeds and rewards; the conversation layout and JSON actions,
-    each turn capped at ``max_new`` new tokens (the episode cap is ``max_tokens``)."""
+    each turn capped at ``max_new`` new tokens (the episode cap is ``max_tokens``), at most ``max_rows`` rows per
+    in-process generate call."""
 
-    def __init__(self, *args: Any, max_new: int = DEFAULT_TURN_TOKENS, **kw: Any) -> None:
+    def __init__(
+        self, *args: Any, max_new: int = DEFAULT_TURN_TOKENS, max_rows: int = DEFAULT_GENERATION_ROWS, **kw: Any
+    ) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows (rows per generate call) must be >= 1, got {max_rows}")
         super().__init__(*args, **kw)
-        self.max_new = max_new
+        self.max_new, self.max_rows = max_new, max_rows
         self.policy: ChatPolicy | None = None
         self._warned = False
 
@@ -295,7 +304,9 @@ class ChatMarketRollout(MarketRollout):
 
             filler = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else 0
             lockstep = Lockstep(gather_object, [filler])
-        self.policy = ChatPolicy(model, self.tokenizer, max_new=self.max_new, vllm=vllm, lockstep=lockstep)
+        self.policy = ChatPolicy(
+            model, self.tokenizer, max_new=self.max_new, vllm=vllm, lockstep=lockstep, max_rows=self.max_rows
+        )
         return ChatFactory(self.spec, self.policy, float(trainer.temperature))
 
 

@@ -64,7 +64,11 @@ class TrainConfig:
     lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from dev-split arms; 1e-6 otherwise)")
     group_size: int = _f(8, "negotiations per scenario in one GRPO group (G >= 2)")
     scenarios_per_step: int = _f(8, "scenarios per optimizer step; batch = scenarios_per_step * group_size")
-    steps: int = _f(300, "GRPO optimizer steps: a fixed amount of work, so a run's result depends on its seed only")
+    steps: int = _f(
+        120,
+        "GRPO optimizer steps: a fixed amount of work, so a run's result depends on its seed only (the default fits "
+        "15 minutes on 2 idle CPU cores with the warm start: bench/results/tiny_robust_eval.txt)",
+    )
     beta: float = _f(0.0, "KL penalty towards the starting policy (0 = no reference model)")
     loss_type: str = _f("dapo", f"GRPO loss variant: {', '.join(LOSS_TYPES)}")
     temperature: float = _f(1.0, "sampling temperature during rollouts")

@@ -271,6 +271,7 @@ def build_trainer(
     observer: TrainObserver | None = None,
     reward_func: Callable[..., list[float]] = trl_reward,
     trl_overrides: dict[str, Any] | None = None,
+    generation_rows: int | None = None,
 ) -> TrainerParts:
     """The GRPOTrainer wired to the market through ``runner`` (whose scorer is the reward).
 
@@ -292,6 +293,8 @@ def build_trainer(
             from .chat_rollout import ChatMarketRollout as rollout_cls
 
             turn_cap = {"max_new": cfg.turn_tokens}
+            if generation_rows is not None:  # the preflight's plan: rows one generate call may hold in memory
+                turn_cap["max_rows"] = generation_rows
     rollout = rollout_cls(
         scenarios,
         BuyerPool(tuple(cfg.train_buyers)),
@@ -355,6 +358,7 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
             model, tok = warm_start(cfg, run_dir, echo, started, runner)
             base_path, sft_steps = str((run_dir / "base").resolve()), cfg.sft_steps
             trl_overrides: dict[str, Any] = {}
+            generation_rows: int | None = None
         else:
             from .hf_model import load_chat_tokenizer, load_chat_weights, model_source
             from .preflight import preflight
@@ -362,7 +366,7 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
             tok = load_chat_tokenizer(cfg)
             plan = preflight(cfg, tok, given=cfg.given)  # before any weights load: refuses what cannot fit
             echo(plan.describe())
-            cfg, trl_overrides = plan.apply(cfg), plan.grpo_overrides()
+            cfg, trl_overrides, generation_rows = plan.apply(cfg), plan.grpo_overrides(), plan.generation_rows
             model = load_chat_weights(cfg)
             save_run_config(run_dir, cfg)
             base_path, sft_steps = model_source(cfg), 0
@@ -377,7 +381,16 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
         if observer is not None:
             observer.on_dev(base_dev)
         parts = build_trainer(
-            cfg, model, tok, run_dir, echo, started, runner, observer=observer, trl_overrides=trl_overrides
+            cfg,
+            model,
+            tok,
+            run_dir,
+            echo,
+            started,
+            runner,
+            observer=observer,
+            trl_overrides=trl_overrides,
+            generation_rows=generation_rows,
         )
         if resume_from:
             echo(f"resuming from {resume_from}")

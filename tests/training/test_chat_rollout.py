@@ -17,7 +17,7 @@ from nego.market.marketplace import Job
 from nego.market.protocol import run_negotiation
 from nego.scenarios.scenario import Role
 from nego.training import grpo
-from nego.training.chat_rollout import ChatFactory, ChatPolicy, TemplateError, user_suffix_ids
+from nego.training.chat_rollout import ChatFactory, ChatMarketRollout, ChatPolicy, TemplateError, user_suffix_ids
 from nego.training.config import TrainConfig
 from nego.training.rollout import split_scenarios
 from nego.training.runner import EpisodeRunner
@@ -150,3 +150,16 @@ def test_a_lora_run_registers_an_adapter_that_plays_on_its_base(tmp_path, monkey
     sc = split_scenarios("dev", 1, 1)[0]
     result = asyncio.run(run_negotiation(sc, factory(Role.SELLER, 0), resolve("tft")(Role.BUYER, 0)))
     assert result.outcome.turns >= 1
+
+
+def test_the_memory_plan_caps_the_rows_of_one_generate_call(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tok = _tiny_chat_model(tmp_path / "m")
+    policy = ChatPolicy(AutoModelForCausalLM.from_pretrained(tmp_path / "m"), tok, max_new=4, max_rows=2)
+    jobs = [Job(sc, "learner", "tft", seed) for seed, sc in enumerate(split_scenarios("dev", 4, 2))]
+    with EpisodeRunner({"learner": ChatFactory("learner", policy, 1.0)}) as runner:
+        runner.rollouts(jobs)
+    assert policy.generator.engine.stats.largest_batch == 2  # four negotiations in flight, two rows per call
+    with pytest.raises(ValueError, match="max_rows"):
+        ChatMarketRollout([], None, tok, runner, spec="x", seed=0, max_tokens=10, group_size=2, run_id="r", max_rows=0)
