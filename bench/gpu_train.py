@@ -121,9 +121,9 @@ def dry(args: argparse.Namespace) -> int:
     print(p.describe())
     row = generation_bytes(e4b, 1, p.seq_len)
     print(
-        f"\nwhy generation is split: rollouts through transformers read each prompt with the logits of every position "
-        f"(agents.compact.generate_turns passes no logits_to_keep), {row / GiB:.1f} GiB per row of {p.seq_len} "
-        f"tokens for E4B, against {kv_cache_bytes(e4b, 1, p.seq_len) / GiB:.2f} GiB of key-value cache"
+        f"\nwhy generation is split: the memory model charges each prompt read through transformers the logits of "
+        f"every position (an upper bound where the model takes logits_to_keep), {row / GiB:.1f} GiB per row of "
+        f"{p.seq_len} tokens for E4B, against {kv_cache_bytes(e4b, 1, p.seq_len) / GiB:.2f} GiB of key-value cache"
     )
     return 0
 

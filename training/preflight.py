@@ -99,7 +99,7 @@ class TrainPlan:
             gpu = f"a GPU with {self.gpu_bytes / GiB:.1f} GiB free (plan budget {self.budget / GiB:.1f} GiB)"
         rows = f"generation reads {self.generation_rows} rows at once"
         if self.generation_rows < self.generation_rows_needed:
-            rows += f" (of {self.generation_rows_needed} in flight: the rollout must split its batches)"
+            rows += f" (of {self.generation_rows_needed} in flight: the rollout generates them in batches of that size)"
         vllm = ""
         if self.vllm_gpu_memory_utilization is not None:
             vllm = f"; vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
