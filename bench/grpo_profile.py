@@ -77,7 +77,7 @@ ROLLOUT_PARTS = [
     ("sampling (per-row draws, log-probs)", SAMPLING),
     ("compact words (trace, parse, ids)", _fn("agents/compact.py", *COMPACT_WORDS)),
     ("buyers (rule agents)", lambda k: k[2] == "act" and "/agents/" in k[0] and not k[0].endswith("compact.py")),
-    ("transcripts (Parquet)", _in("market/transcripts.py")),
+    ("transcripts (Parquet)", _any(_in("market/transcripts.py"), _in("market/transcript_rows.py"))),
 ]
 TRL_PARTS = [
     ("loss forward", _fn("trl/trainer/grpo_trainer.py", "compute_loss")),

@@ -19,7 +19,8 @@ from pathlib import Path
 import polars as pl
 from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource, Job, Marketplace
-from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns, results_from_tables
+from nego.market.transcript_rows import results_from_tables
+from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 
 from .best_response import best_response_value
 from .config import EvalConfig

@@ -21,7 +21,8 @@ from .events import (
 from .marketplace import Job, Marketplace, NegotiatorFactory, run_jobs
 from .protocol import Negotiator, ProtocolConfig, run_negotiation
 from .summary import RunningStats, summarize
-from .transcripts import SCHEMA_VERSION, TranscriptWriter, load_results, read_negotiations, read_turns
+from .transcript_rows import SCHEMA_VERSION
+from .transcripts import TranscriptWriter, load_results, read_negotiations, read_turns
 
 if TYPE_CHECKING:
     from .population import BuyerSetup, MarketModel, SellerSetup

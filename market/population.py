@@ -507,7 +507,7 @@ class StoredSlots:
         row = self._rows.get((day, pair, seller, buyer, seed))
         if row is None or not self._same_scenario(row, draw, source):
             return None
-        from .transcripts import outcome_from_row
+        from .transcript_rows import outcome_from_row
 
         return outcome_from_row(row)
 

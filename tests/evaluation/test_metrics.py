@@ -11,7 +11,7 @@ from nego.agents.registry import resolve
 from nego.evaluation.best_response import best_response_value, optimality_gap
 from nego.evaluation.metrics import ZoneFacts, compute_metrics, normalised_nash, pareto_distance, surplus_share
 from nego.market.marketplace import Job, Marketplace
-from nego.market.transcripts import negotiation_row
+from nego.market.transcript_rows import negotiation_row
 from nego.scenarios.analysis import analyse, offer_at, utilities
 from nego.scenarios.scenario import Role
 

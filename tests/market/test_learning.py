@@ -10,7 +10,8 @@ import pytest
 from nego.agents.registry import resolve
 from nego.market.learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
 from nego.market.population import BuyerSetup, MarketModel, SellerSetup
-from nego.market.transcripts import TIMING_COLUMNS, TranscriptWriter, read_negotiations
+from nego.market.transcript_rows import TIMING_COLUMNS
+from nego.market.transcripts import TranscriptWriter, read_negotiations
 from nego.training.tuner import ARMS, ConcessionTuner
 
 

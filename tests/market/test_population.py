@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 from nego.market.events import DayEnded, DayStarted, EventBus
 from nego.market.population import BuyerAgent, BuyerSetup, MarketModel, SellerAgent, SellerSetup, settle
-from nego.market.transcripts import TIMING_COLUMNS, TranscriptWriter, read_negotiations, read_turns
+from nego.market.transcript_rows import TIMING_COLUMNS
+from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 from nego.market.types import Offer
 from nego.scenarios.scenario import Role
 

@@ -14,16 +14,8 @@ from pathlib import Path
 
 import polars as pl
 from nego.market.marketplace import Job, Marketplace
-from nego.market.transcripts import (
-    NEGOTIATIONS_SCHEMA,
-    SCHEMA_VERSION,
-    TIMING_COLUMNS,
-    TURNS_SCHEMA,
-    TranscriptWriter,
-    load_results,
-    read_negotiations,
-    read_turns,
-)
+from nego.market.transcript_rows import NEGOTIATIONS_SCHEMA, SCHEMA_VERSION, TIMING_COLUMNS, TURNS_SCHEMA
+from nego.market.transcripts import TranscriptWriter, load_results, read_negotiations, read_turns
 
 from ..conftest import make_widget_scenario
 from .fakes import BrokenFactory, Factory, factories

@@ -13,7 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from nego.agents.model_registry import ModelEntry, register
-from nego.market.transcripts import TIMING_COLUMNS, read_negotiations
+from nego.market.transcript_rows import TIMING_COLUMNS
+from nego.market.transcripts import read_negotiations
 from nego.training.config import TrainConfig
 
 pytestmark = pytest.mark.slow

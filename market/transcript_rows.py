@@ -1,0 +1,248 @@
+"""What one transcript row is: the Parquet schemas of the negotiations and turns tables, and the conversions
+between a :class:`NegotiationResult` and its rows in both directions (written by
+:class:`~nego.market.transcripts.TranscriptWriter`, read back on resume and by evaluations)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from nego.scenarios.scenario import Role
+
+from .marketplace import scenario_hash
+from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
+
+if TYPE_CHECKING:
+    from .marketplace import Job
+
+SCHEMA_VERSION = 2
+"""2 added the learner columns (step, group, policy_version, reward); parts of version 1 read with them null."""
+
+ROLE = pl.Enum([r.value for r in Role])
+END_REASON = pl.Enum([r.value for r in EndReason])
+ACTION_KIND = pl.Enum([k.value for k in ActionKind])
+_USAGE = {"prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "latency_s": pl.Float64, "cost_usd": pl.Float64}
+
+NEGOTIATIONS_SCHEMA = pl.Schema(
+    {
+        "negotiation_id": pl.String,
+        "attempt": pl.Int32,
+        "run_id": pl.String,
+        "arm": pl.String,
+        "day": pl.Int32,
+        "pair": pl.Int32,
+        "step": pl.Int32,
+        "group": pl.Int32,
+        "policy_version": pl.Int32,
+        "reward": pl.Float64,
+        "scenario_id": pl.String,
+        "scenario_hash": pl.String,
+        "category": pl.String,
+        "seller": pl.String,
+        "buyer": pl.String,
+        "seed": pl.Int64,
+        "opener": ROLE,
+        "max_rounds": pl.Int32,
+        "end_reason": END_REASON,
+        "agreed": pl.Boolean,
+        "agreement": pl.String,
+        "seller_utility": pl.Float64,
+        "buyer_utility": pl.Float64,
+        "seller_reservation": pl.Float64,
+        "buyer_reservation": pl.Float64,
+        "rounds": pl.Int32,
+        "turns": pl.Int32,
+        "turns_seller": pl.Int32,
+        "turns_buyer": pl.Int32,
+        "ended_by": ROLE,
+        "invalid_seller": pl.Int32,
+        "invalid_buyer": pl.Int32,
+        "forfeits_seller": pl.Int32,
+        "forfeits_buyer": pl.Int32,
+        "error": pl.String,
+        **{f"seller_{k}": t for k, t in _USAGE.items()},
+        "seller_calls": pl.Int32,
+        **{f"buyer_{k}": t for k, t in _USAGE.items()},
+        "buyer_calls": pl.Int32,
+        "wall_s": pl.Float64,
+        "schema_version": pl.Int32,
+    }
+)
+"""One row per negotiation attempt. ``agreement`` is the agreed offer as a JSON object (null without a deal).
+``step``, ``group`` and ``policy_version`` place a negotiation in a learner's training, ``reward`` is what the
+learner's reward function gave it (all null for negotiations no learner played)."""
+
+TURNS_SCHEMA = pl.Schema(
+    {
+        "negotiation_id": pl.String,
+        "attempt": pl.Int32,
+        "index": pl.Int32,
+        "round": pl.Int32,
+        "role": ROLE,
+        "try": pl.Int32,
+        "kind": ACTION_KIND,
+        "offer": pl.String,
+        "message": pl.String,
+        "raw": pl.String,
+        "error": pl.String,
+        "valid": pl.Boolean,
+        "feedback": pl.String,
+        "utility_seller": pl.Float64,
+        "utility_buyer": pl.Float64,
+        **_USAGE,
+        "calls": pl.Int32,
+    }
+)
+"""One row per attempted move. ``try`` counts attempts within a turn (0 first); usage columns are null when
+the agent reported none. ``offer`` is a JSON object."""
+
+TIMING_COLUMNS = ("wall_s", "seller_latency_s", "buyer_latency_s", "latency_s")
+"""Columns that measure time and so differ between otherwise identical runs."""
+
+
+def _offer_json(offer: Offer | None) -> str | None:
+    return None if offer is None else json.dumps(offer.to_dict(), separators=(",", ":"))
+
+
+def negotiation_row(
+    job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
+) -> dict[str, Any]:
+    """The negotiations-table row of one attempt."""
+    o, sc = result.outcome, job.scenario
+    row: dict[str, Any] = {
+        "negotiation_id": job.negotiation_id,
+        "attempt": attempt,
+        "run_id": job.run_id,
+        "arm": job.arm,
+        "day": job.day,
+        "pair": job.pair,
+        "step": job.step,
+        "group": job.group,
+        "policy_version": job.policy_version,
+        "reward": reward,
+        "scenario_id": sc.id,
+        "scenario_hash": scenario_hash(sc),
+        "category": sc.category,
+        "seller": job.seller,
+        "buyer": job.buyer,
+        "seed": job.seed,
+        "opener": sc.opener.value,
+        "max_rounds": sc.max_rounds,
+        "end_reason": o.end_reason.value,
+        "agreed": o.agreed,
+        "agreement": _offer_json(o.agreement),
+        "seller_utility": o.seller_utility,
+        "buyer_utility": o.buyer_utility,
+        "seller_reservation": sc.seller.reservation,
+        "buyer_reservation": sc.buyer.reservation,
+        "rounds": o.rounds,
+        "turns": o.turns,
+        "turns_seller": sum(t.role is Role.SELLER for t in result.turns),
+        "turns_buyer": sum(t.role is Role.BUYER for t in result.turns),
+        "ended_by": None if o.ended_by is None else o.ended_by.value,
+        "invalid_seller": o.invalid_seller,
+        "invalid_buyer": o.invalid_buyer,
+        "forfeits_seller": o.forfeits_seller,
+        "forfeits_buyer": o.forfeits_buyer,
+        "error": o.error,
+        "wall_s": wall_s,
+        "schema_version": SCHEMA_VERSION,
+    }
+    for side, usage in (("seller", result.usage_seller), ("buyer", result.usage_buyer)):
+        for key in (*_USAGE, "calls"):
+            row[f"{side}_{key}"] = getattr(usage, key)
+    return row
+
+
+def turn_rows(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> list[dict[str, Any]]:
+    """The turns-table rows of one attempt."""
+    rows = []
+    for t in turns:
+        a = t.action
+        row = {
+            "negotiation_id": negotiation_id,
+            "attempt": attempt,
+            "index": t.index,
+            "round": t.round,
+            "role": t.role.value,
+            "try": t.attempt,
+            "kind": a.kind.value,
+            "offer": _offer_json(a.offer),
+            "message": a.message,
+            "raw": a.raw,
+            "error": a.error,
+            "valid": t.valid,
+            "feedback": t.feedback,
+            "utility_seller": t.utility_seller,
+            "utility_buyer": t.utility_buyer,
+        }
+        for key in (*_USAGE, "calls"):
+            row[key] = None if a.usage is None else getattr(a.usage, key)
+        rows.append(row)
+    return rows
+
+
+def _usage(row: Mapping[str, Any], prefix: str = "") -> Usage | None:
+    if row[f"{prefix}calls"] is None:
+        return None
+    return Usage(*(row[f"{prefix}{k}"] for k in (*_USAGE, "calls")))
+
+
+def _offer(text: str | None) -> Offer | None:
+    return None if text is None else Offer(json.loads(text))
+
+
+def _turn(row: Mapping[str, Any]) -> Turn:
+    action = Action(
+        ActionKind(row["kind"]), _offer(row["offer"]), row["message"], row["raw"], row["error"], _usage(row)
+    )
+    return Turn(
+        row["index"],
+        row["round"],
+        Role(row["role"]),
+        row["try"],
+        action,
+        row["valid"],
+        row["feedback"],
+        row["utility_seller"],
+        row["utility_buyer"],
+    )
+
+
+def outcome_from_row(row: Mapping[str, Any]) -> Outcome:
+    """The :class:`Outcome` recorded in one negotiations-table row."""
+    return Outcome(
+        EndReason(row["end_reason"]),
+        _offer(row["agreement"]),
+        row["seller_utility"],
+        row["buyer_utility"],
+        row["rounds"],
+        row["turns"],
+        None if row["ended_by"] is None else Role(row["ended_by"]),
+        row["invalid_seller"],
+        row["invalid_buyer"],
+        row["forfeits_seller"],
+        row["forfeits_buyer"],
+        row["error"],
+    )
+
+
+def results_from_tables(negotiations: pl.DataFrame, turns: pl.DataFrame) -> dict[str, NegotiationResult]:
+    """Rebuild :class:`NegotiationResult` objects from transcript rows, keyed by negotiation id (one attempt
+    per id expected: pass latest attempts)."""
+    by_id: dict[str, list[Turn]] = {}
+    for row in turns.sort("negotiation_id", "attempt", "index").iter_rows(named=True):
+        by_id.setdefault(row["negotiation_id"], []).append(_turn(row))
+    return {
+        r["negotiation_id"]: NegotiationResult(
+            r["scenario_id"],
+            r["seed"],
+            outcome_from_row(r),
+            tuple(by_id.get(r["negotiation_id"], ())),
+            _usage(r, "seller_") or Usage(),
+            _usage(r, "buyer_") or Usage(),
+        )
+        for r in negotiations.iter_rows(named=True)
+    }
