@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 from nego.market.events import DayEnded, DayStarted, EventBus
-from nego.market.population import BuyerAgent, BuyerSetup, MarketModel, SellerAgent, SellerSetup, settle
+from nego.market.population import BuyerAgent, BuyerSetup, MarketModel, SellerAgent, SellerSetup
+from nego.market.settlement import settle
 from nego.market.transcript_rows import TIMING_COLUMNS
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 from nego.market.types import Offer
