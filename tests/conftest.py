@@ -55,3 +55,15 @@ def make_widget_scenario(seller_brief: str = "", buyer_brief: str = "", max_roun
 @pytest.fixture
 def widget_scenario() -> Scenario:
     return make_widget_scenario()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of tiny models: a second thread only adds waiting, a lot of it on a busy
+    machine (use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

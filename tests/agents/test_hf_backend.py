@@ -18,6 +18,8 @@ pytest.importorskip("transformers")
 from nego.agents.backends.base import BackendError, ChatBackend, ChatMessage, ChatRequest, ToolSpec
 from nego.agents.backends.hf import HFBackend
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -69,17 +71,6 @@ def build_tiny_chat_model(path: Path, chat_template: str = CHAT_TEMPLATE, slidin
     (LlamaForCausalLM if sliding_window is None else MistralForCausalLM)(config).save_pretrained(path)
     fast.save_pretrained(path)
     return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """These models are tiny: a second intra-op thread only adds waiting, a lot of it on a busy machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -31,19 +31,9 @@ from ..conftest import make_widget_scenario
 from ..fakes.llm_server import Fault, serve
 from .chat_models import END, EOS, tiny_chat_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 FAST = RetryPolicy(max_attempts=1, base_delay_s=0.001, max_delay_s=0.01, timeout_s=10.0)
 RULES = ProtocolConfig(max_retries=1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma4"])
