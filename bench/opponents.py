@@ -52,7 +52,7 @@ def main() -> None:
     groups = [
         ("stall-punishing families, defaults", NEW),
         ("stall-punishing families, parameters drawn per negotiation", POOL_DRAWN),
-        ("default training pool (training/config.DEFAULT_TRAIN_BUYERS)", DEFAULT_TRAIN_BUYERS),
+        ("default training pool (training/config.DEFAULT_TRAIN_BUYERS)", tuple(dict.fromkeys(DEFAULT_TRAIN_BUYERS))),
         ("held-out evaluation buyers, for reference only", HELD_OUT),
     ]
     start = time.process_time()

@@ -28,7 +28,9 @@ def refuse_held_out(field: str, specs: Sequence[str]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class BuyerPool:
-    """Draws one buyer spec per negotiation: a spec uniformly from ``specs``, then any ranges inside it."""
+    """Draws one buyer spec per negotiation: a spec uniformly from ``specs``, then any ranges inside it.
+
+    An entry listed k times is drawn k times as often."""
 
     specs: tuple[str, ...]
 
