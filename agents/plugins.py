@@ -10,7 +10,8 @@ written as an integer (``k=2``) is passed as ``int``, as a decimal number (``agg
 anything else as ``str``. When the target's signature can be read, an unknown or missing parameter fails at resolve
 time with the accepted ones listed (a ``**kwargs`` target takes any). Resolving builds one seller with seed 0, so a
 constructor that raises, or an object without an async ``act``, fails the spec before any run starts. The factory's
-``kind`` is ``"plugin"`` (``--per-kind plugin=N`` caps them).
+``kind`` is ``"plugin"`` (``--per-kind plugin=N`` caps them). When credentials are set in the environment, a plugin
+agent's messages, raw replies and error texts pass through the same scrubber as a model-backed agent's.
 
 An entry point never replaces a built-in spec: one named like a rule family, a model prefix (``openai``), a size
 alias, ``tiny`` or ``NAME-rl`` is reported as shadowed, and ``py:TARGET`` still reaches it.
@@ -33,10 +34,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from nego.market.protocol import Negotiator
+from nego.market.protocol import Negotiator, NegotiatorError
+from nego.market.types import Action, Observation
 from nego.scenarios.scenario import Role, Scenario
 
 from .registry import ParamValue, UnknownSpecError, _parse_params
+from .secrets import Scrubber
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -228,7 +231,25 @@ class PluginFactory:
     kind: str = PLUGIN_KIND
 
     def __call__(self, role: Role, seed: int) -> Negotiator:
-        return self.build(role=Role(role), seed=int(seed), **dict(self.params))
+        agent = self.build(role=Role(role), seed=int(seed), **dict(self.params))
+        scrub = Scrubber.from_env()
+        return _Scrubbed(agent, scrub) if scrub else agent
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrubbed:
+    """A plugin agent whose moves and errors pass through the credential scrubber, as a model-backed agent's do:
+    a plugin may wrap a model or a server that writes a key back into its reply."""
+
+    inner: Negotiator
+    scrub: Scrubber
+
+    async def act(self, obs: Observation) -> Action:
+        try:
+            action = await self.inner.act(obs)
+        except Exception as e:  # the plugin's own error text may hold a key; the protocol ends the negotiation
+            raise NegotiatorError(self.scrub(f"{type(e).__name__}: {e}")) from None
+        return self.scrub.action(action) if isinstance(action, Action) else action
 
 
 def _signature(target: object) -> inspect.Signature | None:
@@ -299,7 +320,7 @@ def _agent_factory(spec: str, name: str, path: str, label: str, target: object, 
     canonical = name + (":" + ",".join(f"{k}={format_value(v)}" for k, v in params.items()) if params else "")
     factory = PluginFactory(canonical, path, target, tuple(params.items()))  # type: ignore[arg-type]
     try:
-        agent = factory(Role.SELLER, 0)
+        agent = factory.build(role=Role.SELLER, seed=0, **params)  # the plugin's own object, not its scrubbed wrapper
     except Exception as e:  # the user's constructor: report whatever it raises
         raise UnknownSpecError(f"{where}: building a seller with seed 0 raised {type(e).__name__}: {e}") from None
     act = getattr(agent, "act", None)

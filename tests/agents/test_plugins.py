@@ -17,7 +17,7 @@ from nego.agents.plugins import PluginError, ScenarioSourceError, format_value, 
 from nego.agents.registry import UnknownSpecError, builtin_form, known_specs, resolve
 from nego.cli.app import app
 from nego.market.marketplace import Job, Marketplace
-from nego.market.transcripts import read_negotiations
+from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 from nego.market.types import EndReason
 from nego.scenarios.scenario import Role, Scenario
 from typer.testing import CliRunner
@@ -103,6 +103,21 @@ class Sloppy:
         return Action.make_offer({i.name: 10**6 for i in obs.scenario.issues})
 
 
+class Leaky:
+    """Writes the environment's OpenAI key into its message, and raises with it once told no."""
+
+    def __init__(self, role: Role, seed: int) -> None:
+        self.role = role
+
+    async def act(self, obs: Observation) -> Action:
+        import os
+
+        key = os.environ.get("OPENAI_API_KEY", "")
+        if obs.standing_offer is not None:
+            raise RuntimeError(f"backend refused key {key}")
+        return Action.make_offer({i.name: i.grid()[0] for i in obs.scenario.issues}, message=f"my key is {key}")
+
+
 NOT_CALLABLE = 42
 
 
@@ -182,6 +197,35 @@ def test_a_plugin_agent_plays_through_the_marketplace_deterministically(plugin_d
     assert all(r.outcome.end_reason is not EndReason.ERROR for r in first)
     assert all(r.outcome.turns > 0 for r in first)
     assert [r.outcome for r in first] == [r.outcome for r in again]
+
+
+def test_a_plugin_agent_cannot_leak_a_credential_into_the_transcript(plugin_dist, monkeypatch, tmp_path):
+    key = "sk-test-abcdefghijklmnop"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    scenario = make_widget_scenario(max_rounds=4)
+    jobs = [Job(scenario, f"py:{PKG}.bots:Leaky", "linear", 0), Job(scenario, "linear", f"py:{PKG}.bots:Leaky", 1)]
+
+    async def play():
+        market = Marketplace(resolve, writer=TranscriptWriter(tmp_path))
+        try:
+            return await market.run(jobs)
+        finally:
+            await market.aclose()
+
+    results = asyncio.run(play())
+    messages = [t.action.message for r in results for t in r.turns if t.action.message]
+    errors = [r.outcome.error for r in results if r.outcome.error]
+    assert messages and all(m == "my key is [redacted:OPENAI_API_KEY]" for m in messages)
+    assert errors and all("[redacted:OPENAI_API_KEY]" in e and "RuntimeError" in e for e in errors)
+    stored = str(read_turns(tmp_path).to_dicts()) + str(read_negotiations(tmp_path).to_dicts())
+    assert key not in stored and "[redacted:OPENAI_API_KEY]" in stored
+
+
+def test_without_credentials_a_plugin_agent_is_played_as_it_is_built(plugin_dist, monkeypatch):
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "VLLM_API_KEY", "NEGO_AGENT_TOKEN", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    agent = resolve(f"py:{PKG}.bots:Leaky")(Role.SELLER, 0)
+    assert type(agent).__name__ == "Leaky"
 
 
 def test_check_negotiator_passes_a_plugin_agent(plugin_dist):
