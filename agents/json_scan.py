@@ -213,7 +213,8 @@ def scan_objects(text: str, needle: str = "") -> ObjectScan:
 
     A balanced span that decodes is one object (what it contains is part of it); one that does not decode is
     looked into for objects of its own. A span nested deeper than :data:`MAX_DEPTH` is refused whole, and
-    a span without ``needle`` in it is skipped unread (a key written as ``"action"`` cannot hide inside it).
+    a span with neither ``needle`` nor a ``\\u`` escape in it is skipped unread (a key written as ``"action"``, or
+    spelled with escapes such as ``"\\u0061ction"``, cannot hide inside it).
     The text is read once to find spans; each span is searched and decoded at most once more, and a
     character lies in at most ``MAX_DEPTH`` spans that are read, so the work is linear in the text.
     """
@@ -227,8 +228,8 @@ def scan_objects(text: str, needle: str = "") -> ObjectScan:
         if span.depth > MAX_DEPTH:
             too_deep = max(too_deep, span.depth)
             continue
-        if needle and text.find(needle, span.start, span.end) < 0:
-            continue
+        if needle and text.find(needle, span.start, span.end) < 0 and text.find("\\u", span.start, span.end) < 0:
+            continue  # neither the needle nor a \u escape that could spell it
         try:  # decoding the span alone keeps the cost of an error message within the span
             obj, _ = _DECODER.raw_decode(text[span.start : span.end])
         except ValueError:  # not JSON (JSONDecodeError is a ValueError): what is inside may be

@@ -65,6 +65,20 @@ def test_any_valid_action_in_any_format_round_trips(action, fmt, before, after):
     assert read_envelope(parsed.raw)["prompt"] == "p:1"
 
 
+def _escape_some(text: str, mask: list[bool]) -> str:
+    return "".join(f"\\u{ord(c):04x}" if m else c for c, m in zip(text, mask, strict=True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(actions(), st.lists(st.booleans(), min_size=6, max_size=6), st.text(max_size=30))
+def test_an_action_key_spelled_with_json_escapes_is_still_read(action, mask, before):
+    assume(not list(action_blocks(before)))
+    block = json.dumps(action_to_json(action)).replace('"action"', '"' + _escape_some("action", mask) + '"', 1)
+    parsed = parse_response(ChatResponse(f"{before} {block}"), ISSUES)
+    assert parsed.kind is not ActionKind.INVALID, parsed.error
+    assert _same(parsed, action)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_prose_never_parses_to_an_action(text):
