@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -22,6 +23,11 @@ from .types import (
     Turn,
     Usage,
 )
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 2000
+"""Default cap on the message one side is shown of the other's move (see :attr:`ProtocolConfig.max_message_chars`)."""
 
 
 @runtime_checkable
@@ -43,10 +49,15 @@ class ProtocolConfig:
     """Invalid attempts answered with feedback before the turn is forfeited (so 1 + max_retries tries)."""
     turn_timeout_s: float | None = None
     """Wall-clock limit for one call of ``act``; past it the negotiation ends with an error outcome."""
+    max_message_chars: int = MAX_MESSAGE_CHARS
+    """Longest message the other side is shown; a longer one is cut there, with a note of how much was cut, and
+    logged. The transcript keeps the message whole."""
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.max_message_chars < 1:
+            raise ValueError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
         if self.turn_timeout_s is not None and self.turn_timeout_s <= 0:
             raise ValueError(f"turn_timeout_s must be positive, got {self.turn_timeout_s}")
 
@@ -106,7 +117,7 @@ async def run_negotiation(
     seed they were built with, and this function uses none.
     """
     cfg = config or ProtocolConfig()
-    game = _Game(scenario, seed, on_turn)
+    game = _Game(scenario, seed, on_turn, cfg.max_message_chars)
     agents = {Role.SELLER: seller, Role.BUYER: buyer}
     order = (scenario.opener, scenario.opener.other)
     for rnd in range(1, scenario.max_rounds + 1):
@@ -148,10 +159,17 @@ async def _turn(game: _Game, agent: Negotiator, role: Role, rnd: int, cfg: Proto
 class _Game:
     """The state of one negotiation while it is played: the public history, the standing offer and the counts."""
 
-    def __init__(self, scenario: Scenario, seed: int, on_turn: Callable[[Turn], None] | None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        seed: int,
+        on_turn: Callable[[Turn], None] | None,
+        max_message_chars: int = MAX_MESSAGE_CHARS,
+    ) -> None:
         self.scenario = scenario
         self.seed = seed
         self.on_turn = on_turn
+        self.max_message_chars = max_message_chars
         self.views = {Role.SELLER: scenario.view_for(Role.SELLER), Role.BUYER: scenario.view_for(Role.BUYER)}
         self.u_seller = scenario.seller.scorer(scenario.issues)
         self.u_buyer = scenario.buyer.scorer(scenario.issues)
@@ -194,9 +212,24 @@ class _Game:
         if self.on_turn is not None:
             self.on_turn(turn)
         if valid:
-            self.history.append(PublicMove(rnd, role, action.kind, offer, action.message))
+            self.history.append(PublicMove(rnd, role, action.kind, offer, self.shown(action.message, role, rnd)))
         else:
             self.invalid[role] += 1
+
+    def shown(self, message: str, role: Role, rnd: int) -> str:
+        """``message`` as the other side sees it: whole, or cut at ``max_message_chars`` with a note saying so."""
+        over = len(message) - self.max_message_chars
+        if over <= 0:
+            return message
+        log.warning(
+            "%s: the %s's message in round %d has %d characters; the other side is shown the first %d",
+            self.scenario.id,
+            role,
+            rnd,
+            len(message),
+            self.max_message_chars,
+        )
+        return f"{message[: self.max_message_chars]}... [{over} more characters not shown]"
 
     def result(
         self, reason: EndReason, rnd: int, by: Role | None, agreement: Offer | None = None, error: str = ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nego.market.protocol import ProtocolConfig, run_negotiation
 from nego.market.types import Action, ActionKind, EndReason, Observation
 from nego.scenarios.scenario import Role
@@ -83,3 +85,19 @@ async def test_private_brief_never_reaches_the_other_side():
     assert all("CANARY-BUYER" not in repr(o) for o in seller.seen)
     assert all(o.scenario.preferences == sc.buyer for o in buyer.seen)
     assert buyer.seen[0].history[0].kind is ActionKind.OFFER
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=120), st.integers(1, 60))
+async def test_the_other_side_sees_a_long_message_cut_and_the_transcript_keeps_it_whole(message, cap):
+    sc = make_widget_scenario(max_rounds=1)
+    seller = Scripted([Action.make_offer(OFFER_S, message)])
+    buyer = Scripted([Action.walk_away()])
+    r = await run_negotiation(sc, seller, buyer, config=ProtocolConfig(max_message_chars=cap))
+    shown = buyer.seen[0].history[0].message
+    assert r.turns[0].action.message == message
+    if len(message) <= cap:
+        assert shown == message
+    else:
+        assert shown.startswith(message[:cap]) and f"[{len(message) - cap} more characters not shown]" in shown
+        assert len(shown) < cap + 50
