@@ -88,7 +88,10 @@ class TrainConfig:
     turn_tokens: int = _f(96, "cap on the new tokens of one seller turn (chat models); max_tokens caps the episode")
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),
-        metadata={"help": "training buyer specs; a..b draws a parameter uniformly per negotiation"},
+        metadata={
+            "help": "training buyer specs; a..b draws a parameter uniformly per negotiation; league:every=N is the "
+            "policy itself as it was at the last multiple of N steps, on the buyer side"
+        },
     )
     train_scenarios: int = _f(4000, "generated training scenarios (train split)")
     dev_scenarios: int = _f(64, "generated dev scenarios for evaluation during training (dev split)")
@@ -182,10 +185,12 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(msg)
         no_deal_value(self.no_deal_reward)
+        from .league import check_league
         from .pool import BuyerPool, refuse_held_out
 
         refuse_held_out("train_buyers", self.train_buyers)
         refuse_held_out("sft_sellers", self.sft_sellers)
+        check_league(self.train_buyers, self.is_tiny)
         BuyerPool(tuple(self.train_buyers)).check()
         return self
 

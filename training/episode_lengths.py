@@ -160,7 +160,7 @@ def play_rule_episodes(
 ) -> list[tuple[Scenario, NegotiationResult]]:
     """``n`` negotiations on the training split through the market: seller ``i`` is ``sellers[i % len]``, each
     buyer is drawn from the training pool (ranges resolved per negotiation), seeds derive from ``seed``."""
-    pool = BuyerPool(tuple(buyers))
+    pool = BuyerPool(tuple(buyers)).rules()  # rule sellers stand in for the policy, so no league buyer either
     rng = np.random.default_rng([seed, 4242])
     scenarios = split_scenarios("train", n, max_rounds)
     jobs = [

@@ -95,7 +95,7 @@ def warm_start(
     t0 = time.perf_counter()
     writer = runner.market.writer if runner is not None else None
     traces = record_transcripts(
-        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)), cfg.seed, writer
+        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)).rules(), cfg.seed, writer
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:
@@ -280,7 +280,8 @@ def build_trainer(
     learnable, to test the same wiring). With an ``observer`` (a live view) the trainer's own progress bar and log
     printing are off: the observer shows every step instead."""
     from datasets import Dataset
-    from trl import GRPOTrainer
+
+    from .prompt_order import grpo_trainer_class
 
     if cfg.is_tiny:
         cfg = cfg.resolved_tiny()  # callers that build a trainer without train() (diagnostics, benches) included
@@ -305,6 +306,7 @@ def build_trainer(
         max_tokens=cfg.max_tokens,
         group_size=cfg.group_size,
         run_id=cfg.run_name,
+        league_dir=run_dir / "league",
         **turn_cap,
     )
     log = TrainLog(run_dir / "train_log.parquet", rollout.stats, echo, observer)
@@ -316,7 +318,7 @@ def build_trainer(
         peft_config = LoraConfig(
             r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"
         )
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer_class()(
         model=model,
         reward_funcs=reward_func,
         args=grpo_args(cfg, run_dir, progress_bar=observer is None, overrides=trl_overrides),

@@ -35,15 +35,33 @@ class BuyerPool:
     specs: tuple[str, ...]
 
     def check(self) -> None:
-        """Resolve every spec at both ends of its ranges, so a typo fails before anything loads."""
+        """Resolve every spec at both ends of its ranges, so a typo fails before anything loads (a league entry,
+        played by the learning policy itself, is checked for its form only)."""
         from .config import ConfigError
+        from .league import league_every
 
         for spec in self.specs:
+            if league_every(spec) is not None:
+                continue
             for end in ("lo", "hi"):
                 try:
                     resolve(_RANGE.sub(lambda m, end=end: f"{m['key']}={m[end]}", spec))
                 except ValueError as e:
                     raise ConfigError(f"train_buyers: {e}") from None
+
+    @property
+    def league(self) -> tuple[int, ...]:
+        """The refresh intervals of the pool's ``league:every=N`` entries, each once, in order."""
+        from .league import league_every
+
+        found = (league_every(s) for s in self.specs)
+        return tuple(dict.fromkeys(n for n in found if n is not None))
+
+    def rules(self) -> BuyerPool:
+        """The pool without its league entries: the opponents of play that has no learning policy (the warm start)."""
+        from .league import league_every
+
+        return BuyerPool(tuple(s for s in self.specs if league_every(s) is None)) if self.league else self
 
     def draw(self, rng: np.random.Generator) -> str:
         spec = self.specs[int(rng.integers(len(self.specs)))]

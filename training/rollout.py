@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from nego.market.marketplace import Job
 from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
 
+from .league import League, league_every
 from .pool import BuyerPool
 from .runner import EpisodeRunner, Rollout, Sample
 
@@ -144,6 +146,7 @@ class MarketRollout:
         max_tokens: int,
         group_size: int,
         run_id: str = "",
+        league_dir: Path | None = None,
     ) -> None:
         self.scenarios = {s.id: s for s in scenarios}
         self.pool = pool
@@ -156,6 +159,9 @@ class MarketRollout:
         self.run_id = run_id
         self.stats = RolloutStats()
         self.last: list[Rollout] = []
+        if pool.league and league_dir is None:
+            raise ValueError("a pool with league buyers needs league_dir, where their snapshots are kept")
+        self.leagues = {n: League(n, Path(league_dir or ".") / f"every-{n}", tokenizer) for n in pool.league}
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         t0 = time.perf_counter()
@@ -174,12 +180,30 @@ class MarketRollout:
         model.eval()
         try:
             self.runner.set_learner(self.spec, self.learner(model, trainer))
+            jobs = self.league_buyers(jobs, model, step, float(trainer.temperature))
             self.last = self.runner.rollouts(jobs)
         finally:
             model.train(was_training)
         self.stats.record(self.last, time.perf_counter() - t0)
         out = to_trl([r.sample for r in self.last], self.max_tokens)
         self.stats.over_cap = sum(out["over_cap"])
+        return out
+
+    def league_buyers(self, jobs: list[Job], model: Any, step: int, temperature: float) -> list[Job]:
+        """Refresh every league on its schedule (whether or not this step drew it) and give each league job the
+        snapshot that is current: its buyer spec names the step it was taken at."""
+        if not self.leagues:
+            return jobs
+        for league in self.leagues.values():
+            old = league.spec_at(league.version) if league.version is not None else None
+            if league.refresh(model, step):
+                if old is not None:
+                    self.runner.remove_learner(old)
+                self.runner.set_learner(league.spec_at(league.version), league.factory(temperature))
+        out = []
+        for job in jobs:
+            every = league_every(job.buyer)
+            out.append(job if every is None else replace(job, buyer=self.leagues[every].spec_at(step // every * every)))
         return out
 
     def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:

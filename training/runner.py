@@ -83,6 +83,11 @@ class EpisodeRunner:
         self.learners[spec] = factory
         self.market.forget(spec)
 
+    def remove_learner(self, spec: str) -> None:
+        """Stop playing ``spec`` with a learner's factory (a league snapshot that was replaced)."""
+        self.learners.pop(spec, None)
+        self.market.forget(spec)
+
     def play(self, jobs: Sequence[Job]) -> list[Played]:
         """Play (or read back) every job; results in job order."""
         return self._loop.run(self.market.play(jobs))
