@@ -142,6 +142,7 @@ def config(args: argparse.Namespace):
         sft_episodes=args.sft_episodes,
         sft_steps=args.sft_steps,
         train_scenarios=256,
+        temperature=1.0,  # the temperature its results were measured at
     ).validate()
 
 

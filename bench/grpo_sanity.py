@@ -134,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         time_budget_min=0,
         threads=args.threads,
         seed=args.seed,
+        temperature=1.0,  # the temperature its results were measured at
     ).validate()
     t0 = time.perf_counter()
     model, tok, sft_loss = warm_start(cfg)
     report = [
         f"GRPO sanity check: buyer {args.buyer}, {args.scenarios} fixed train scenarios x "
         f"group {args.group}, max_rounds {args.max_rounds}, {args.steps} steps, loss {cfg.loss_type}, "
-        f"beta {cfg.beta}, temperature {cfg.temperature}, torch threads {args.threads}",
+        f"beta {cfg.beta}, temperature {cfg.sampling_temperature}, torch threads {args.threads}",
         f"warm start: {args.sft_steps} SFT steps, final loss {sft_loss:.3f} ({time.perf_counter() - t0:.0f}s)",
     ]
     print("\n".join(report), flush=True)

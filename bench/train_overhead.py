@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         sft_episodes=512,
         sft_steps=100,
         train_scenarios=256,
+        temperature=1.0,  # the temperature its results were measured at
     ).validate()
     model, tok, _ = warm_start(cfg)
     cpu: dict[str, list[float]] = {"market": [], "bare": []}

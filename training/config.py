@@ -28,6 +28,8 @@ LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
 TINY_MAX_TOKENS = 512
 """The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
 TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
+TINY_DEFAULT_TEMPERATURE = 0.7  # dev-split arm D against arm C's T = 1: bench/results/tiny_robust_eval.txt
+REAL_DEFAULT_TEMPERATURE = 1.0
 # A market of buyers that end negotiations in different ways, parameters drawn per negotiation: time-dependent
 # buyers that may run out of patience at a round the seller cannot see or hold out above their reservation,
 # tit-for-tat, and four families that make stalling cost the seller (a reciprocating buyer that hardens when the
@@ -74,7 +76,11 @@ class TrainConfig:
     )
     beta: float = _f(0.0, "KL penalty towards the starting policy (0 = no reference model)")
     loss_type: str = _f("dapo", f"GRPO loss variant: {', '.join(LOSS_TYPES)}")
-    temperature: float = _f(1.0, "sampling temperature during rollouts")
+    temperature: float = _f(
+        0.0,
+        "sampling temperature of the rollouts and of both registered models when played; 0 = default (0.7 for tiny, "
+        "chosen on the dev split; 1.0 otherwise)",
+    )
     finetune: str = _f(
         "auto", "full, lora (LoRA adapters) or auto: full for tiny, chosen by the preflight for real models"
     )
@@ -144,6 +150,12 @@ class TrainConfig:
         return TINY_DEFAULT_LR if self.is_tiny else REAL_DEFAULT_LR
 
     @property
+    def sampling_temperature(self) -> float:
+        if self.temperature:
+            return self.temperature
+        return TINY_DEFAULT_TEMPERATURE if self.is_tiny else REAL_DEFAULT_TEMPERATURE
+
+    @property
     def run_name(self) -> str:
         if self.name:
             return self.name
@@ -164,7 +176,7 @@ class TrainConfig:
             (self.steps >= 1, "steps must be >= 1"),
             (self.beta >= 0, "beta must be >= 0"),
             (self.loss_type in LOSS_TYPES, f"loss_type must be one of {', '.join(LOSS_TYPES)}"),
-            (self.temperature > 0, "temperature must be > 0"),
+            (self.temperature >= 0 and math.isfinite(self.temperature), "temperature must be >= 0 (0 = default)"),
             (self.finetune in ("auto", "full", "lora"), "finetune must be 'auto', 'full' or 'lora'"),
             (self.lora_rank >= 1, "lora_rank must be >= 1"),
             (1 <= self.max_rounds <= 30, "max_rounds must lie in 1..30"),

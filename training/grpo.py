@@ -131,10 +131,10 @@ def learner_factory(model: Any, tok: Any, cfg: TrainConfig, spec: str) -> Negoti
     if cfg.is_tiny:
         from nego.agents.compact import CompactFactory, CompactPolicy
 
-        return CompactFactory(spec, CompactPolicy(model, tok), cfg.temperature)
+        return CompactFactory(spec, CompactPolicy(model, tok), cfg.sampling_temperature)
     from .chat_rollout import ChatFactory, ChatPolicy
 
-    return ChatFactory(spec, ChatPolicy(model, tok, max_new=cfg.turn_tokens), cfg.temperature)
+    return ChatFactory(spec, ChatPolicy(model, tok, max_new=cfg.turn_tokens), cfg.sampling_temperature)
 
 
 def dev_eval(model: Any, tok: Any, cfg: TrainConfig, runner: EpisodeRunner, step: int) -> DevEvaluation:
@@ -174,7 +174,7 @@ def grpo_args(
         max_grad_norm=1.0,
         beta=cfg.beta,
         loss_type=cfg.loss_type,
-        temperature=cfg.temperature,
+        temperature=cfg.sampling_temperature,
         top_p=1.0,
         top_k=0,
         max_completion_length=cfg.max_tokens,
@@ -411,6 +411,7 @@ def _entry_config(cfg: TrainConfig, stage: str) -> dict[str, Any]:
     """What the registry records about a run; chat models also record the conversation template they were trained on
     (name and id) and the cap on one turn's tokens, which is how they are played unless the user says otherwise."""
     out = {"stage": stage, "learning_rate": cfg.learning_rate, **{k: v for k, v in vars(cfg).items() if k != "resume"}}
+    out["temperature"] = cfg.sampling_temperature  # how both models are played: the value, not "default"
     if not cfg.is_tiny:
         from .chat_rollout import layout_config
 

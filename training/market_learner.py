@@ -163,7 +163,7 @@ class GRPOLearner:
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
         fmt = "compact" if self._compact else "hf"
-        config = {"stage": "market-grpo", "base": self.base, "temperature": self.cfg.temperature}
+        config = {"stage": "market-grpo", "base": self.base, "temperature": self._play_config().sampling_temperature}
         if not self._compact:
             from .chat_rollout import layout_config
 

@@ -127,12 +127,13 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
     # a model is played as it was trained: the conversation it saw, its temperature, its cap on one turn
     played = resolve_model_spec("toy-rl", LLMSettings())
     assert played.template.conversational and played.prompt_id == rl.config["template_id"]
-    assert played.settings.max_tokens == cfg.turn_tokens and played.settings.temperature == cfg.temperature
+    assert played.settings.max_tokens == cfg.turn_tokens
+    assert played.settings.temperature == cfg.sampling_temperature == 1.0  # the default for chat models
     assert not played(Role.SELLER, 0).use_tools
     # ... unless the user names another prompt
     register(replace(rl, name="old-rl", config={**rl.config, "template": "negotiator-v1", "template_id": ""}))
     played = resolve_model_spec("old-rl", LLMSettings())
-    assert played.prompt_id.startswith("negotiator-v1:") and played.settings.temperature == cfg.temperature
+    assert played.prompt_id.startswith("negotiator-v1:") and played.settings.temperature == cfg.sampling_temperature
     assert resolve_model_spec("old-rl", LLMSettings(temperature=0.0)).settings.temperature == 0.0
     mine = tmp_path / "mine.txt"
     mine.write_text((resources.files("nego.agents") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
         ({"train_buyers": ["timedep:e=0.5..x"]}, "train_buyers"),
         ({"bogus": 1}, "unknown field"),
         ({"steps": "ten"}, "steps must be int"),
+        ({"temperature": -0.5}, "temperature must be >= 0"),
     ],
 )
 def test_bad_values_are_rejected(override, message):
@@ -70,3 +71,10 @@ def test_training_into_a_run_directory_in_use_is_refused_before_anything_loads(t
     with exclusive_run(tmp_path, "nego train --name tiny"), pytest.raises(DirectoryBusy, match="nego train --name"):
         grpo.train(TrainConfig(out=str(tmp_path)), echo=lambda s: None)
     assert not (tmp_path / "config.json").exists() and not (tmp_path / "base").exists()
+
+
+def test_the_default_temperature_is_the_tiny_one_for_tiny_and_one_otherwise():
+    assert TrainConfig().sampling_temperature == 0.7
+    assert TrainConfig(model="4.5b").sampling_temperature == 1.0
+    assert TrainConfig(temperature=1.3).sampling_temperature == 1.3
+    assert TrainConfig(model="hf:/x", temperature=0.5).sampling_temperature == 0.5

@@ -189,7 +189,9 @@ def test_parameters_change_and_models_are_registered(run):
     assert entry is not None and entry.base == "tiny" and entry.steps == cfg.steps and "dev" in entry.eval
     factory = make_factory(entry)
     assert (factory.spec, factory.kind) == ("tiny-rl", "compact")
-    assert factory.temperature == cfg.temperature  # played as trained: sampled at the rollout temperature
+    # played as trained: sampled at the rollout temperature, the tiny default unless the run set one
+    assert factory.temperature == cfg.sampling_temperature == 0.7 and entry.config["temperature"] == 0.7
+    assert lookup("tiny").config["temperature"] == 0.7
     assert make_factory(entry, 0.0).temperature is None  # 0 = greedy
     with pytest.raises(ValueError, match="temperature"):
         make_factory(entry, -1.0)
