@@ -70,15 +70,14 @@ class League:
         self.version: int | None = None
         """The GRPO step whose policy the current snapshot is (None before the first refresh)."""
         self.model: Any = None
-        self.refreshes = 0
-        """Snapshots taken or loaded by this process."""
-
-    @property
-    def pool_spec(self) -> str:
-        return f"{LEAGUE}:every={self.every}"
 
     def spec_at(self, version: int) -> str:
-        return f"{self.pool_spec},at={version}"
+        return f"{LEAGUE}:every={self.every},at={version}"
+
+    @property
+    def spec(self) -> str | None:
+        """The buyer spec of the current snapshot (None before the first refresh)."""
+        return None if self.version is None else self.spec_at(self.version)
 
     def due(self, step: int) -> int:
         """The step of the snapshot that plays at ``step``: the last multiple of ``every`` up to it."""
@@ -107,11 +106,10 @@ class League:
         model.eval()
         model.requires_grad_(False)
         self.model, self.version = model, due
-        self.refreshes += 1
         return True
 
     def factory(self, temperature: float) -> CompactFactory:
         """Negotiators of the current snapshot under its versioned spec, sampling at ``temperature``."""
-        if self.version is None:
+        if self.spec is None:
             raise RuntimeError("no league snapshot yet: call refresh first")
-        return CompactFactory(self.spec_at(self.version), CompactPolicy(self.model, self.tokenizer), temperature)
+        return CompactFactory(self.spec, CompactPolicy(self.model, self.tokenizer), temperature)

@@ -61,7 +61,8 @@ class BuyerPool:
         """The pool without its league entries: the opponents of play that has no learning policy (the warm start)."""
         from .league import league_every
 
-        return BuyerPool(tuple(s for s in self.specs if league_every(s) is None)) if self.league else self
+        kept = tuple(s for s in self.specs if league_every(s) is None)
+        return self if len(kept) == len(self.specs) else BuyerPool(kept)
 
     def draw(self, rng: np.random.Generator) -> str:
         spec = self.specs[int(rng.integers(len(self.specs)))]

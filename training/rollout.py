@@ -195,15 +195,15 @@ class MarketRollout:
         if not self.leagues:
             return jobs
         for league in self.leagues.values():
-            old = league.spec_at(league.version) if league.version is not None else None
+            old = league.spec
             if league.refresh(model, step):
                 if old is not None:
                     self.runner.remove_learner(old)
-                self.runner.set_learner(league.spec_at(league.version), league.factory(temperature))
+                self.runner.set_learner(league.spec, league.factory(temperature))
         out = []
         for job in jobs:
             every = league_every(job.buyer)
-            out.append(job if every is None else replace(job, buyer=self.leagues[every].spec_at(step // every * every)))
+            out.append(job if every is None else replace(job, buyer=self.leagues[every].spec))
         return out
 
     def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:
