@@ -131,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
                 f"{rb.deal_rate:.2f} / {rt.deal_rate:.2f} | {np.mean(rb.invalid):.2f} / {np.mean(rt.invalid):.2f} |"
             )
+        base_mean = np.mean([res[args.base][b].mean_utility for b in buyers])
+        trained_mean = np.mean([res[name][b].mean_utility for b in buyers])
+        lines.append(
+            f"\nmean utility over the {len(buyers)} buyers (each weighted alike): base {base_mean:.3f}, "
+            f"trained {trained_mean:.3f}"
+        )
     lines.append(f"\n({time.perf_counter() - t0:.0f} s)")
     text = "\n".join(lines)
     print(text)
