@@ -35,8 +35,6 @@ from nego.agents.trace import TokenTrace
 from nego.market.types import NegotiationResult, Usage
 from nego.scenarios.scenario import Role
 
-from .rollout import MarketRollout
-
 log = logging.getLogger(__name__)
 
 DEFAULT_TURN_TOKENS = 96
@@ -261,40 +259,22 @@ def layout_config(max_new: int) -> dict[str, Any]:
     return {"template": CHAT_TEMPLATE, "template_id": load_template(CHAT_TEMPLATE).id, "turn_tokens": max_new}
 
 
-class ChatMarketRollout(MarketRollout):
-    """The market rollout for chat models: same jobs, seeds and rewards; the conversation layout and JSON actions,
-    each turn capped at ``max_new`` new tokens (the episode cap is ``max_tokens``), at most ``max_rows`` rows per
-    in-process generate call."""
+class ChatRollout:
+    """A chat policy in a market rollout: the conversation layout and JSON actions, each turn capped at ``max_new``
+    new tokens (the episode cap is the rollout's ``max_tokens``), at most ``max_rows`` rows per in-process generate
+    call, or TRL's vLLM when the trainer uses it."""
 
-    def __init__(
-        self, *args: Any, max_new: int = DEFAULT_TURN_TOKENS, max_rows: int = DEFAULT_GENERATION_ROWS, **kw: Any
-    ) -> None:
+    def __init__(self, tokenizer: Any, *, max_new: int = DEFAULT_TURN_TOKENS, max_rows: int = DEFAULT_GENERATION_ROWS):
         if max_rows < 1:
             raise ValueError(f"max_rows (rows per generate call) must be >= 1, got {max_rows}")
-        super().__init__(*args, **kw)
+        self.tokenizer = tokenizer
         self.max_new, self.max_rows = max_new, max_rows
-        self.policy: ChatPolicy | None = None
+        self.last: ChatPolicy | None = None
+        """The policy of the latest batch."""
+        self._open: ChatPolicy | None = None
         self._warned = False
 
-    def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
-        self.policy = None
-        try:
-            return super().__call__(prompts, trainer)
-        finally:
-            if self.policy is not None:
-                # this process's negotiations have ended (or failed): join the other processes' generation calls
-                # until theirs have too, so that none waits forever on this one
-                self.policy.drain()
-                share = self.policy.context_only_share
-                if share > 0.05 and not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "%.0f%% of the generated tokens were kept out of the loss: the chat template does not write "
-                        "the model's replies back as it generated them (trimmed, or encoded differently); said once",
-                        100 * share,
-                    )
-
-    def learner(self, model: Any, trainer: Any) -> ChatFactory:
+    def factory(self, spec: str, model: Any, trainer: Any) -> ChatFactory:
         vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
         lockstep = None
         if vllm is not None and _needs_lockstep(vllm, trainer):
@@ -304,10 +284,26 @@ class ChatMarketRollout(MarketRollout):
 
             filler = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else 0
             lockstep = Lockstep(gather_object, [filler])
-        self.policy = ChatPolicy(
+        self.last = self._open = ChatPolicy(
             model, self.tokenizer, max_new=self.max_new, vllm=vllm, lockstep=lockstep, max_rows=self.max_rows
         )
-        return ChatFactory(self.spec, self.policy, float(trainer.temperature))
+        return ChatFactory(spec, self.last, float(trainer.temperature))
+
+    def finish(self) -> None:
+        """After a batch: join the other processes' generation calls until theirs have ended too (so that none
+        waits forever on this one), and say once if the template kept many generated tokens out of the loss."""
+        policy, self._open = self._open, None
+        if policy is None:
+            return
+        policy.drain()
+        share = policy.context_only_share
+        if share > 0.05 and not self._warned:
+            self._warned = True
+            log.warning(
+                "%.0f%% of the generated tokens were kept out of the loss: the chat template does not write "
+                "the model's replies back as it generated them (trimmed, or encoded differently); said once",
+                100 * share,
+            )
 
 
 def _needs_lockstep(vllm: Any, trainer: Any) -> bool:

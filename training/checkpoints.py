@@ -20,6 +20,8 @@ from pathlib import Path
 from .config import ConfigError, TrainConfig, from_mapping
 
 CONFIG_FILE = "config.json"
+CUT_SHORT = "CUT_SHORT"
+"""A file in a model directory whose training the time cap ended early (its text says how far it got)."""
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 

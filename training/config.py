@@ -11,13 +11,17 @@ import math
 import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nego.agents.threads import THREADS_HELP
 
+from .tiny_kind import TINY
+
+if TYPE_CHECKING:
+    from .policy_kind import PolicyKind
+
 logger = logging.getLogger(__name__)
 
-TINY = "tiny"
 GEMMA_SIZES: dict[str, str] = {
     "2.3b": "google/gemma-4-E2B-it",
     "4.5b": "google/gemma-4-E4B-it",
@@ -25,11 +29,6 @@ GEMMA_SIZES: dict[str, str] = {
     "31b": "google/gemma-4-31B-it",
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
-TINY_MAX_TOKENS = 512
-"""The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
-TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
-TINY_DEFAULT_TEMPERATURE = 0.7  # dev-split arm D against arm C's T = 1: bench/results/tiny_robust_eval.txt
-REAL_DEFAULT_TEMPERATURE = 1.0
 # A market of buyers that end negotiations in different ways, parameters drawn per negotiation: time-dependent
 # buyers that may run out of patience at a round the seller cannot see or hold out above their reservation,
 # tit-for-tat, and four families that make stalling cost the seller (a reciprocating buyer that hardens when the
@@ -48,7 +47,6 @@ DEFAULT_TRAIN_BUYERS = (
     "hazard:quit=0.15..0.5,expect=0.01..0.05,e=0.5..2",
     "deadline:early=0.3..0.6,e=1..3",
 )
-REAL_DEFAULT_LR = 1e-6
 
 
 class ConfigError(ValueError):
@@ -125,8 +123,11 @@ class TrainConfig:
     resume: str = _f("", "resume from this run directory (its latest checkpoint)")
 
     @property
-    def is_tiny(self) -> bool:
-        return self.model == TINY
+    def kind(self) -> PolicyKind:
+        """The policy kind of ``model``, which supplies everything that differs between kinds."""
+        from .policy_kind import policy_kind
+
+        return policy_kind(self.model)
 
     @property
     def given(self) -> frozenset[str]:
@@ -138,22 +139,13 @@ class TrainConfig:
             out.add("time_budget_min")
         return frozenset(out)
 
-    def resolved_tiny(self) -> TrainConfig:
-        """The tiny model's values for the auto fields (it is not planned: it trains on CPU with these)."""
-        finetune = "full" if self.finetune == "auto" else self.finetune
-        return replace(self, finetune=finetune, max_tokens=self.max_tokens or TINY_MAX_TOKENS)
-
     @property
     def learning_rate(self) -> float:
-        if self.lr:
-            return self.lr
-        return TINY_DEFAULT_LR if self.is_tiny else REAL_DEFAULT_LR
+        return self.lr or self.kind.default_lr
 
     @property
     def sampling_temperature(self) -> float:
-        if self.temperature:
-            return self.temperature
-        return TINY_DEFAULT_TEMPERATURE if self.is_tiny else REAL_DEFAULT_TEMPERATURE
+        return self.temperature or self.kind.default_temperature
 
     @property
     def run_name(self) -> str:
@@ -165,10 +157,8 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Return self, or raise :class:`ConfigError` naming the first impossible value."""
-        if self.is_tiny and self.finetune == "lora":
-            raise ConfigError("finetune: the tiny model trains fully (lora is for real models)")
-        if self.model != TINY and self.model not in GEMMA_SIZES and not self.model.startswith("hf:"):
-            raise ConfigError(f"model: {self.model!r} is not one of tiny, {', '.join(GEMMA_SIZES)} or hf:PATH")
+        kind = self.kind  # an unknown model fails here
+        kind.check(self)
         checks = [
             (self.lr >= 0 and math.isfinite(self.lr), "lr must be a non-negative number (0 = default)"),
             (self.group_size >= 2, "group_size must be >= 2: GRPO compares negotiations within a group"),
@@ -202,7 +192,7 @@ class TrainConfig:
 
         refuse_held_out("train_buyers", self.train_buyers)
         refuse_held_out("sft_sellers", self.sft_sellers)
-        check_league(self.train_buyers, self.is_tiny)
+        check_league(self.train_buyers, kind.plays_league)
         BuyerPool(tuple(self.train_buyers)).check()
         return self
 

@@ -41,15 +41,15 @@ def league_every(spec: str) -> int | None:
     return int(m[1])
 
 
-def check_league(specs: Sequence[str], is_tiny: bool) -> None:
-    """Raise ConfigError unless the league entries of ``specs`` can be played: well formed, a tiny model, and at
-    least one entry that is not a league buyer (the warm start's opponents)."""
+def check_league(specs: Sequence[str], plays_league: bool) -> None:
+    """Raise ConfigError unless the league entries of ``specs`` can be played: well formed, a policy kind that plays
+    them (the tiny model), and at least one entry that is not a league buyer (the warm start's opponents)."""
     from .config import ConfigError
 
     league = [s for s in specs if league_every(s) is not None]
     if not league:
         return
-    if not is_tiny:
+    if not plays_league:
         raise ConfigError(f"train_buyers: {league[0]!r}: league buyers are played by the tiny model only")
     if len(league) == len(specs):
         raise ConfigError(

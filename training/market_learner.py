@@ -12,7 +12,8 @@ Layout of the learner's directory::
 
     state.json                 day learned through, policy version, checkpoint, queued groups (token ids, rewards)
     checkpoints/checkpoint-N/  the policy after N updates (N = policy version), with optimizer and RNG state
-    train_log.parquet          one row per update: day, reward, loss, entropy, policy lag
+    train_log.parquet          one row per update (the rows of ``nego train``'s log): step = policy version after it,
+                               day, reward, loss, entropy, policy lag
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,16 @@ from nego.market.learning import LearningGroup, LearnReport
 from nego.market.marketplace import Job
 from nego.market.types import EndReason, NegotiationResult
 
-from .config import TINY_MAX_TOKENS, ConfigError, TrainConfig, no_deal_value
+from .config import ConfigError, TrainConfig, no_deal_value
+from .learners import learner_spec
+from .policy_kind import PolicyKind, kind_of_format
 from .rewards import outcome_scorer
-from .rollout import to_trl, trl_reward
+from .rollout import to_trl
 from .runner import Sample
+from .train_log import TrainLog
+from .trainer import build_grpo_trainer, grpo_args, quiet_libraries, step_monitor
 
 STATE = "state.json"
-CHAT_LEARNER_MAX_TOKENS = 4096
 
 
 def sample_to_json(e: Sample) -> dict[str, Any]:
@@ -77,30 +81,58 @@ class _Served:
         return to_trl(batch, self.max_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class LearnerState:
+    """What a learner keeps between days (``state.json``): the day it learned through, its policy version, the
+    checkpoint that holds that version, the groups waiting for an update and the groups it had to drop."""
+
+    day: int = 0
+    version: int = 0
+    checkpoint: str | None = None
+    dropped_groups: int = 0
+    queue: tuple[tuple[Sample, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["queue"] = [[sample_to_json(e) for e in g] for g in self.queue]
+        return out
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> LearnerState:
+        queue = tuple(tuple(sample_from_json(e) for e in g) for g in d["queue"])
+        return LearnerState(d["day"], d["version"], d["checkpoint"], d.get("dropped_groups", 0), queue)
+
+
 class GRPOLearner:
     """A registered model (``tiny``, ``NAME-rl``, a chat model) or ``hf:PATH`` that learns in the market under
     ``spec``. ``cfg`` supplies the GRPO settings (learning rate, group size, groups per update as
-    ``scenarios_per_step``, temperature, reward, threads)."""
+    ``scenarios_per_step``, temperature, reward, threads); the model's policy kind supplies how it loads, plays and
+    is registered."""
 
     def __init__(self, base: str, cfg: TrainConfig, directory: Path, *, spec: str = "", echo: Any = print) -> None:
         self.base = base
-        self.cfg = cfg
         self.directory = Path(directory)
-        self.spec = spec or f"{base.removeprefix('hf:').rstrip('/').rsplit('/', 1)[-1]}-learning"
+        self.spec = spec or learner_spec(base)
         self.group_size = cfg.group_size
         self.echo = echo
         self.entry = self._entry(base)
-        # the auto fields: a compact model's own cap; a chat model's episodes are capped generously (its turns are
-        # capped one by one) and it trains fully unless LoRA is asked for
-        cap = cfg.max_tokens or (TINY_MAX_TOKENS if self._compact else CHAT_LEARNER_MAX_TOKENS)
-        self.cfg = replace(cfg, max_tokens=cap, finetune="full" if cfg.finetune == "auto" else cfg.finetune)
-        self.model, self.tokenizer = self._load(self.entry.path if self.entry else base.removeprefix("hf:"))
+        self.kind: PolicyKind = kind_of_format(self.entry.format if self.entry else "hf")
+        path = self.entry.path if self.entry else base.removeprefix("hf:")
+        # the auto fields: the kind's own episode cap (a chat model's turns are capped one by one, so its episodes
+        # are capped generously); full fine-tuning unless LoRA is asked for
+        self.cfg = replace(
+            cfg,
+            model=self.kind.config_model(path),
+            max_tokens=cfg.max_tokens or self.kind.learner_max_tokens,
+            finetune="full" if cfg.finetune == "auto" else cfg.finetune,
+        )
+        self.model, self.tokenizer = self.kind.load(path)
         self._version = 0
         self._day = 0
         self._checkpoint: str | None = None
         self._queue: list[list[Sample]] = []
         self._scorer = outcome_scorer(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty)
-        self.log_rows: list[dict[str, Any]] = []
+        self.log = TrainLog(self.directory / "train_log.parquet", echo=echo)
         self.dropped_groups = 0
 
     # --- the Learner interface -------------------------------------------------------------------------------
@@ -110,10 +142,8 @@ class GRPOLearner:
         return self._version
 
     def factory(self) -> NegotiatorFactory:
-        from .grpo import learner_factory
-
         self.model.eval()
-        return learner_factory(self.model, self.tokenizer, self._play_config(), self.spec)
+        return self.kind.factory(self.model, self.tokenizer, self.cfg, self.spec)
 
     def score(self, job: Job, result: NegotiationResult) -> float | None:
         return self._scorer(job, result)
@@ -143,12 +173,13 @@ class GRPOLearner:
         path = self.directory / STATE
         if not path.exists():
             return 0
-        state = json.loads(path.read_text())
-        self._day, self._version, self._checkpoint = state["day"], state["version"], state["checkpoint"]
-        self._queue = [[sample_from_json(e) for e in g] for g in state["queue"]]
-        self.dropped_groups = state.get("dropped_groups", 0)
+        state = LearnerState.from_json(json.loads(path.read_text()))
+        self._day, self._version, self._checkpoint = state.day, state.version, state.checkpoint
+        self._queue = [list(g) for g in state.queue]
+        self.dropped_groups = state.dropped_groups
+        self.log = TrainLog(self.log.path, echo=self.echo, resume_step=self._version)
         if self._checkpoint:
-            self.model, _ = self._load(str(self.directory / "checkpoints" / self._checkpoint))
+            self.model, _ = self.kind.load(str(self.directory / "checkpoints" / self._checkpoint))
         self.echo(f"{self.spec}: resumed at policy version {self._version} (learned through day {self._day})")
         return self._day
 
@@ -162,23 +193,20 @@ class GRPOLearner:
         final = self.directory / "final"
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
-        fmt = "compact" if self._compact else "hf"
-        config = {"stage": "market-grpo", "base": self.base, "temperature": self._play_config().sampling_temperature}
-        if not self._compact:
-            from .chat_rollout import layout_config
-
-            config.update(layout_config(self.cfg.turn_tokens))  # the layout its policy played and learned in
+        config = {"stage": "market-grpo", "base": self.base, "temperature": self.cfg.sampling_temperature}
+        config.update(self.kind.registry_config(self.cfg))  # the layout its policy played and learned in
         entry = ModelEntry(
-            name, str(final.resolve()), self.entry.name if self.entry else self.base, fmt, config, self._version
+            name,
+            str(final.resolve()),
+            self.entry.name if self.entry else self.base,
+            self.kind.registry_format,
+            config,
+            self._version,
         )
         register(entry)
         return entry
 
     # --- internals -------------------------------------------------------------------------------------------
-
-    @property
-    def _compact(self) -> bool:
-        return self.entry is not None and self.entry.format == "compact"
 
     def _entry(self, base: str) -> ModelEntry | None:
         if base.startswith("hf:"):
@@ -193,21 +221,6 @@ class GRPOLearner:
             )
         return entry
 
-    def _load(self, path: str) -> tuple[Any, Any]:
-        from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-
-        model = AutoModelForCausalLM.from_pretrained(path)
-        if self._compact:
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            if tokenizer.pad_token_id is None:
-                tokenizer.pad_token = tokenizer.eos_token
-        return model, tokenizer
-
-    def _play_config(self) -> TrainConfig:
-        return replace(self.cfg, model="tiny" if self._compact else f"hf:{self.base}")
-
     def _queueable(self, group: LearningGroup) -> list[Sample] | None:
         out = []
         for p in group.episodes:
@@ -219,101 +232,51 @@ class GRPOLearner:
         return out
 
     def _update(self, day: int, batches: list[list[Sample]]) -> dict[str, float]:
-        from datasets import Dataset
-        from trl import GRPOTrainer
-
-        from .grpo import grpo_args
-
+        """One ``trainer.train`` call for the day's updates, resumed from the previous day's checkpoint; it ends by
+        writing the next one."""
         target = self._version + len(batches)
-        args = grpo_args(self._play_config(), self.directory, progress_bar=False)
-        args.max_steps = target
-        args.save_strategy = "steps"
-        args.save_steps = 10**9
-        args.save_total_limit = 2
-        args.ignore_data_skip = True
-        args.output_dir = str(self.directory / "checkpoints")
-        served = _Served(batches, self.cfg.max_tokens)
-        per_update = self.cfg.scenarios_per_step
-        logs: list[dict[str, float]] = []
-        trainer = GRPOTrainer(
-            model=self.model,
-            reward_funcs=trl_reward,
-            args=args,
-            train_dataset=Dataset.from_list([{"prompt": f"group-{i}"} for i in range(per_update)]),
-            processing_class=self.tokenizer,
-            rollout_func=served,
-            callbacks=[day_end_callback(target, logs)],
+        overrides = dict(max_steps=target, save_steps=10**9, save_total_limit=2, ignore_data_skip=True)
+        args = grpo_args(
+            self.cfg,
+            self.directory / "checkpoints",
+            gradient_checkpointing=self.kind.gradient_checkpointing,
+            overrides=overrides,
         )
-        from transformers.trainer_callback import PrinterCallback
+        served = _Served(batches, self.cfg.max_tokens)
+        version = self._version
 
-        trainer.remove_callback(PrinterCallback)  # the market reports each day; per-update numbers go to the log
+        def save_at_day_end(step: int, max_steps: int, model: Any, control: Any) -> None:
+            if step >= target:
+                control.should_save = True
+
+        def context(step: int) -> dict[str, Any]:
+            """The day, and the policy lag of the update's stalest episode."""
+            lag = max(step - 1 - e.policy_version for e in batches[step - version - 1])
+            return {"day": day, "max_policy_lag": lag}
+
+        quiet_libraries()
+        trainer = build_grpo_trainer(
+            self.model,
+            self.tokenizer,
+            args,
+            prompts=[f"group-{i}" for i in range(self.cfg.scenarios_per_step)],
+            rollout_func=served,
+            callbacks=[step_monitor(self.log, save_at_day_end, context=context)],
+        )
         resume = str(self.directory / "checkpoints" / self._checkpoint) if self._checkpoint else None
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         trainer.train(resume_from_checkpoint=resume)
         self.model = trainer.accelerator.unwrap_model(trainer.model)
         self._checkpoint = f"checkpoint-{target}"
         rewards = [e.reward for b in served.served for e in b]
         lags = [self._version + i - e.policy_version for i, b in enumerate(served.served) for e in b]
-        for i, (batch, row) in enumerate(zip(served.served, logs, strict=False)):
-            self.log_rows.append(
-                {
-                    "day": day,
-                    "update": self._version + i + 1,
-                    "reward": float(np.mean([e.reward for e in batch])),
-                    "loss": row.get("loss"),
-                    "entropy": row.get("entropy"),
-                    "identical_group_share": row.get("frac_reward_zero_std"),
-                    "max_policy_lag": max(self._version + i - e.policy_version for e in batch),
-                }
-            )
         self._version = target
-        self._write_log()
         return {"reward": float(np.mean(rewards)), "mean_policy_lag": float(np.mean(lags))}
 
     def _save_state(self) -> None:
-        state = {
-            "day": self._day,
-            "version": self._version,
-            "checkpoint": self._checkpoint,
-            "dropped_groups": self.dropped_groups,
-            "queue": [[sample_to_json(e) for e in g] for g in self._queue],
-        }
+        state = LearnerState(
+            self._day, self._version, self._checkpoint, self.dropped_groups, tuple(tuple(g) for g in self._queue)
+        )
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{STATE}.tmp"
-        tmp.write_text(json.dumps(state))
+        tmp.write_text(json.dumps(state.to_json()))
         os.replace(tmp, self.directory / STATE)  # the checkpoint it names was written first
-
-    def _write_log(self) -> None:
-        import polars as pl
-
-        tmp = self.directory / ".train_log.tmp"
-        pl.DataFrame(self.log_rows, infer_schema_length=None).write_parquet(tmp)
-        os.replace(tmp, self.directory / "train_log.parquet")
-
-
-def _float_logs(logs: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for k, v in logs.items():
-        try:
-            out[k] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def day_end_callback(target: int, logs: list[dict[str, float]]) -> Any:
-    """A trainer callback that writes a checkpoint after the day's last update (``target``) and collects each
-    update's logged numbers into ``logs``."""
-    from transformers import TrainerCallback
-
-    class DayEnd(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step >= target:
-                control.should_save = True
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                collected.append(_float_logs(logs))
-
-    collected = logs
-    return DayEnd()

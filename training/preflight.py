@@ -189,8 +189,6 @@ def plan(
 ) -> TrainPlan:
     """The run's plan, or :class:`PreflightError` naming the flag to change; ``given`` names the TrainConfig
     fields the user set (the others are the plan's to choose)."""
-    if cfg.is_tiny:
-        raise ValueError("the tiny model is not planned: it trains on CPU with its own defaults")
     if cfg.model in GEMMA_SIZES and gpu_bytes is None:
         raise PreflightError(
             f"model {cfg.model!r} ({GEMMA_SIZES[cfg.model]}) needs a CUDA GPU and none is visible; on a CPU, "

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nego.agents.compact import CompactFactory, CompactPolicy
 from nego.agents.registry import NegotiatorFactory
 from nego.market.marketplace import Job
 from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
 
 from .league import League, league_every
+from .policy_kind import RolloutPolicy
 from .pool import BuyerPool
 from .runner import EpisodeRunner, Rollout, Sample
 
@@ -132,7 +132,8 @@ class RolloutStats:
 
 class MarketRollout:
     """TRL ``rollout_func``: ``prompts`` are training scenario ids, already repeated ``group_size`` times; the current
-    policy plays them as the learner ``spec`` through ``runner``."""
+    policy plays them as the learner ``spec`` through ``runner``, as its kind's rollout ``policy`` makes negotiators
+    of it."""
 
     def __init__(
         self,
@@ -141,6 +142,7 @@ class MarketRollout:
         tokenizer: Any,
         runner: EpisodeRunner,
         *,
+        policy: RolloutPolicy,
         spec: str,
         seed: int,
         max_tokens: int,
@@ -150,6 +152,7 @@ class MarketRollout:
     ) -> None:
         self.scenarios = {s.id: s for s in scenarios}
         self.pool = pool
+        self.policy = policy
         self.tokenizer = tokenizer
         self.runner = runner
         self.spec = spec
@@ -184,6 +187,7 @@ class MarketRollout:
             self.last = self.runner.rollouts(jobs)
         finally:
             model.train(was_training)
+            self.policy.finish()
         self.stats.record(self.last, time.perf_counter() - t0)
         out = to_trl([r.sample for r in self.last], self.max_tokens)
         self.stats.over_cap = sum(out["over_cap"])
@@ -207,5 +211,5 @@ class MarketRollout:
         return out
 
     def learner(self, model: Any, trainer: Any) -> NegotiatorFactory:
-        """Negotiators of the current policy, sampling at the trainer's temperature (the compact protocol)."""
-        return CompactFactory(self.spec, CompactPolicy(model, self.tokenizer), float(trainer.temperature))
+        """Negotiators of the current policy, sampling at the trainer's temperature."""
+        return self.policy.factory(self.spec, model, trainer)

@@ -1,10 +1,12 @@
-"""The training log: one row per logged GRPO step in a Parquet file, with collapse flagged as it happens."""
+"""The training log: one typed row per GRPO step (and per dev buyer at each dev evaluation) in a Parquet file, with
+collapse flagged as it happens. ``nego train`` and the in-market learner write the same rows."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +39,63 @@ def collapse_reason(entropy: float | None, baseline: float | None, identical: fl
     return "; ".join(reasons)
 
 
+def _finite(logs: Mapping[str, Any], key: str) -> float | None:
+    v = logs.get(key)
+    try:
+        f = float(v) if v is not None else math.nan
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    """One GRPO step: TRL's numbers (reward, KL, entropy, loss, ...), what the rollouts looked like, and timing.
+
+    A run that is not fed by market rollouts of its own (the in-market learner, whose groups the market played)
+    leaves the rollout fields empty and says which ``day`` it learned on and how stale its oldest episode was."""
+
+    step: int
+    reward_mean: float | None
+    reward_std: float | None
+    kl: float | None
+    entropy: float | None
+    identical_group_share: float | None
+    loss: float | None
+    learning_rate: float | None
+    grad_norm: float | None
+    deal_rate: float | None = None
+    invalid_rate: float | None = None
+    """Invalid seller actions per seller turn, in this step's rollouts."""
+    rollout_utility: float | None = None
+    rollout_seconds: float | None = None
+    step_seconds: float
+    tokens_per_s: float | None = None
+    generated_tokens: int | None = None
+    over_cap: int | None = None
+    collapse: str = ""
+    day: int | None = None
+    max_policy_lag: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class DevRow:
+    """One dev buyer's result at one dev evaluation."""
+
+    step: int
+    dev_buyer: str
+    dev_utility: float
+    dev_deal_rate: float
+    dev_invalid_per_episode: float
+    dev_n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class TrainObserver(Protocol):
     """Sees every logged step and every dev evaluation as it happens (the live view of ``nego train`` is one)."""
 
@@ -46,55 +105,68 @@ class TrainObserver(Protocol):
 
 
 class TrainLog:
-    """Collects rows and rewrites ``path`` atomically after each one (a crash never leaves a broken file)."""
+    """Collects rows and rewrites ``path`` atomically after each one (a crash never leaves a broken file).
+
+    ``resume_step`` keeps the rows an earlier attempt logged up to that step (a resumed run logs the rest), so the
+    file of a resumed run holds every step once."""
 
     def __init__(
-        self, path: Path, stats: RolloutStats, echo: Any = print, observer: TrainObserver | None = None
+        self,
+        path: Path,
+        stats: RolloutStats | None = None,
+        echo: Any = print,
+        observer: TrainObserver | None = None,
+        *,
+        resume_step: int | None = None,
     ) -> None:
         self.path = path
         self.stats = stats
         self.echo = echo
         self.observer = observer
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[StepRow | DevRow] = []
+        self.kept: list[dict[str, Any]] = _earlier_rows(path, resume_step) if resume_step is not None else []
         self.baseline: float | None = None
         self._entropies: list[float] = []
 
-    def add(self, step: int, logs: dict[str, float], step_seconds: float) -> dict[str, Any]:
-        row: dict[str, Any] = {"step": step}
-        for key, name in _TRL_KEYS.items():
-            v = logs.get(key)
-            row[name] = float(v) if v is not None and math.isfinite(float(v)) else None
+    def add(self, step: int, logs: Mapping[str, Any], step_seconds: float, **context: Any) -> StepRow:
+        """The row of ``step`` from TRL's ``logs`` and the last rollouts' statistics (``context``: day, policy lag)."""
+        trl = {name: _finite(logs, key) for key, name in _TRL_KEYS.items()}
         s = self.stats
-        row.update(
-            deal_rate=s.deal_rate,
-            invalid_rate=s.invalid_rate,
-            rollout_utility=s.utility,
-            rollout_seconds=s.seconds,
-            step_seconds=step_seconds,
-            tokens_per_s=s.tokens / step_seconds if step_seconds > 0 else None,
-            generated_tokens=s.generated,
-            over_cap=s.over_cap,
-        )
-        if s.over_cap:
-            self.echo(
-                f"warning: step {step}: {s.over_cap} episode(s) ran over max_tokens and were left out of the loss "
-                "(raise --max-tokens, or lower --max-rounds)"
+        rollout: dict[str, Any] = {}
+        if s is not None:
+            rollout = dict(
+                deal_rate=s.deal_rate,
+                invalid_rate=s.invalid_rate,
+                rollout_utility=s.utility,
+                rollout_seconds=s.seconds,
+                tokens_per_s=s.tokens / step_seconds if step_seconds > 0 else None,
+                generated_tokens=s.generated,
+                over_cap=s.over_cap,
             )
-        if row["entropy"] is not None and len(self._entropies) < 3:
-            self._entropies.append(row["entropy"])
+            if s.over_cap:
+                self.echo(
+                    f"warning: step {step}: {s.over_cap} episode(s) ran over max_tokens and were left out of the "
+                    "loss (raise --max-tokens, or lower --max-rounds)"
+                )
+        entropy = trl["entropy"]
+        if entropy is not None and len(self._entropies) < 3:
+            self._entropies.append(entropy)
             self.baseline = sum(self._entropies) / len(self._entropies)
-        row["collapse"] = collapse_reason(row["entropy"], self.baseline, row["identical_group_share"])
-        if row["collapse"]:
-            self.echo(f"warning: step {step} looks collapsed: {row['collapse']}")
+        collapse = collapse_reason(entropy, self.baseline, trl["identical_group_share"])
+        if collapse:
+            self.echo(f"warning: step {step} looks collapsed: {collapse}")
+        row = StepRow(step=step, step_seconds=step_seconds, collapse=collapse, **trl, **rollout, **context)
         self.rows.append(row)
         self.write()
         if self.observer is not None:
-            self.observer.on_step(row)
+            self.observer.on_step(row.to_dict())
         return row
 
     def add_eval(self, dev: DevEvaluation) -> None:
-        for buyer, summary in dev.summary().items():
-            self.rows.append({"step": dev.step, "dev_buyer": buyer, **{f"dev_{k}": v for k, v in summary.items()}})
+        for buyer, r in dev.summary().items():
+            self.rows.append(
+                DevRow(dev.step, buyer, r["utility"], r["deal_rate"], r["invalid_per_episode"], int(r["n"]))
+            )
         self.write()
         if self.observer is not None:
             self.observer.on_dev(dev)
@@ -103,5 +175,16 @@ class TrainLog:
         import polars as pl
 
         tmp = self.path.with_suffix(".tmp")
-        pl.DataFrame(self.rows, infer_schema_length=None).write_parquet(tmp)
+        rows = self.kept + [r.to_dict() for r in self.rows]
+        pl.DataFrame(rows, infer_schema_length=None).write_parquet(tmp)
         os.replace(tmp, self.path)
+
+
+def _earlier_rows(path: Path, through: int) -> list[dict[str, Any]]:
+    """The rows of ``path`` up to step ``through`` (its dev evaluation was logged before its checkpoint)."""
+    if not path.exists():
+        return []
+    import polars as pl
+
+    frame = pl.read_parquet(path).filter(pl.col("step") <= through)
+    return [{k: v for k, v in row.items() if v is not None} for row in frame.to_dicts()]

@@ -1,9 +1,9 @@
 """One training process of the several-process test in ``test_vllm_turns.py``; run it with ``accelerate launch``.
 
 Each process plays its own share of chat negotiations (a different number per process, each ending at its own
-turn) through :class:`~nego.training.chat_rollout.ChatMarketRollout` with TRL's server-mode vLLM generation over a
-fake server, then writes what it saw to ``OUT/rankN.json``: the prompts it sent per call, and whether every trained
-run of ids in its rollouts is exactly the fake server's reply to the sequence before it.
+turn) through a market rollout of :class:`~nego.training.chat_rollout.ChatRollout` with TRL's server-mode vLLM
+generation over a fake server, then writes what it saw to ``OUT/rankN.json``: the prompts it sent per call, and
+whether every trained run of ids in its rollouts is exactly the fake server's reply to the sequence before it.
 
     accelerate launch --multi_gpu --num_processes 2 tests/training/lockstep_run.py MODEL_DIR OUT [--no-lockstep]
 """
@@ -22,9 +22,9 @@ def main(model_dir: str, out: str, lockstep: bool = True) -> None:
     from accelerate.utils import InitProcessGroupKwargs
     from nego.tests.training.chat_models import END
     from nego.tests.training.fake_vllm import FakeVLLMClient, fake_vllm_generation, reply_for
-    from nego.training.chat_rollout import ChatMarketRollout
+    from nego.training.chat_rollout import ChatRollout
     from nego.training.pool import BuyerPool
-    from nego.training.rollout import split_scenarios
+    from nego.training.rollout import MarketRollout, split_scenarios
     from nego.training.runner import EpisodeRunner
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -48,17 +48,17 @@ def main(model_dir: str, out: str, lockstep: bool = True) -> None:
     cap = 24
     scenarios = split_scenarios("train", 5, max_rounds=4)[rank * 2 : rank * 2 + 2 + rank]  # 2 and 3 scenarios
     with EpisodeRunner() as runner:
-        rollout = ChatMarketRollout(
+        rollout = MarketRollout(
             scenarios,
             BuyerPool(("timedep:e=0.3..3",)),
             tok,
             runner,
+            policy=ChatRollout(tok, max_new=cap),
             spec="learner",
             seed=rank,
             max_tokens=10**6,
             group_size=2,
             run_id="lockstep",
-            max_new=cap,
         )
         if not lockstep:
             rollout_learner = rollout.learner
@@ -79,7 +79,7 @@ def main(model_dir: str, out: str, lockstep: bool = True) -> None:
         )
         batch = rollout([s.id for s in scenarios for _ in range(2)], trainer)
         turns = [r.seller_turns for r in rollout.last]
-        filler = rollout.policy.generator.filler_rows
+        filler = rollout.policy.last.generator.filler_rows
     checks = []
     for prompt, completion, mask in zip(batch["prompt_ids"], batch["completion_ids"], batch["env_mask"], strict=True):
         full, offset = [*prompt, *completion], len(prompt)

@@ -17,7 +17,7 @@ from nego.market.marketplace import Job
 from nego.market.protocol import run_negotiation
 from nego.scenarios.scenario import Role
 from nego.training import grpo
-from nego.training.chat_rollout import ChatFactory, ChatMarketRollout, ChatPolicy, TemplateError, user_suffix_ids
+from nego.training.chat_rollout import ChatFactory, ChatPolicy, ChatRollout, TemplateError, user_suffix_ids
 from nego.training.config import TrainConfig
 from nego.training.rollout import split_scenarios
 from nego.training.runner import EpisodeRunner
@@ -163,4 +163,4 @@ def test_the_memory_plan_caps_the_rows_of_one_generate_call(tmp_path):
         runner.rollouts(jobs)
     assert policy.generator.engine.stats.largest_batch == 2  # four negotiations in flight, two rows per call
     with pytest.raises(ValueError, match="max_rows"):
-        ChatMarketRollout([], None, tok, runner, spec="x", seed=0, max_tokens=10, group_size=2, run_id="r", max_rows=0)
+        ChatRollout(tok, max_rows=0)

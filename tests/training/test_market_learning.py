@@ -73,7 +73,7 @@ def test_simulate_learn_trains_a_policy_version_per_day_and_resumes_exactly_afte
     state = json.loads((whole / learner / "state.json").read_text())
     assert (state["day"], state["version"], state["checkpoint"]) == (3, 3, "checkpoint-3")
     log = pl.read_parquet(whole / learner / "train_log.parquet")
-    assert log["day"].to_list() == [1, 2, 3] and log["update"].to_list() == [1, 2, 3]
+    assert log["day"].to_list() == [1, 2, 3] and log["step"].to_list() == [1, 2, 3]  # step = update
     rows = read_negotiations(whole)
     mine = rows.filter(pl.col("seller") == "tiny-learning")
     assert sorted(set(mine["policy_version"].to_list())) == [0, 1, 2] and mine["reward"].is_not_null().all()

@@ -1,0 +1,147 @@
+"""The tiny compact policy: a few-million-parameter model built from scratch, behaviour-cloned on rule sellers, played
+through the compact word protocol (:mod:`nego.agents.compact`) on a CPU."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .policy_kind import Echo, Start
+
+if TYPE_CHECKING:
+    from nego.agents.compact import CompactFactory
+
+    from .config import TrainConfig
+    from .runner import EpisodeRunner
+
+TINY = "tiny"
+TINY_MAX_TOKENS = 512
+"""The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
+TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
+TINY_DEFAULT_TEMPERATURE = 0.7  # dev-split arm D against arm C's T = 1: bench/results/tiny_robust_eval.txt
+
+
+@dataclass(slots=True)
+class CompactRollout:
+    """The tiny policy in a rollout: negotiators of the model as it is at this step, at the trainer's temperature."""
+
+    tokenizer: Any
+
+    def factory(self, spec: str, model: Any, trainer: Any) -> CompactFactory:
+        from nego.agents.compact import CompactFactory, CompactPolicy
+
+        return CompactFactory(spec, CompactPolicy(model, self.tokenizer), float(trainer.temperature))
+
+    def finish(self) -> None:
+        pass
+
+
+class TinyKind:
+    """The built-in tiny seller: warm start, then GRPO on the compact protocol."""
+
+    name = TINY
+    describe = TINY
+    registry_format = "compact"
+    default_lr = TINY_DEFAULT_LR
+    default_temperature = TINY_DEFAULT_TEMPERATURE
+    learner_max_tokens = TINY_MAX_TOKENS
+    gradient_checkpointing = False
+    plays_league = True
+
+    def accepts(self, model: str) -> bool:
+        return model == TINY
+
+    def config_model(self, path: str) -> str:
+        return TINY
+
+    def check(self, cfg: TrainConfig) -> None:
+        from .config import ConfigError
+
+        if cfg.finetune == "lora":
+            raise ConfigError("finetune: the tiny model trains fully (lora is for real models)")
+
+    def resolve(self, cfg: TrainConfig) -> TrainConfig:
+        """The tiny model is not planned: it trains on a CPU, fully, with its own episode cap."""
+        finetune = "full" if cfg.finetune == "auto" else cfg.finetune
+        return replace(cfg, finetune=finetune, max_tokens=cfg.max_tokens or TINY_MAX_TOKENS)
+
+    def start(self, cfg: TrainConfig, run_dir: Path, runner: EpisodeRunner, echo: Echo, started: float) -> Start:
+        from .checkpoints import save_run_config
+
+        save_run_config(run_dir, cfg)
+        model, tok = warm_start(cfg, run_dir, echo, started, runner)
+        return Start(cfg, model, tok, str((run_dir / "base").resolve()), cfg.sft_steps)
+
+    def factory(self, model: Any, tokenizer: Any, cfg: TrainConfig, spec: str) -> CompactFactory:
+        from nego.agents.compact import CompactFactory, CompactPolicy
+
+        return CompactFactory(spec, CompactPolicy(model, tokenizer), cfg.sampling_temperature)
+
+    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig, generation_rows: int | None) -> CompactRollout:
+        return CompactRollout(tokenizer)
+
+    def registry_config(self, cfg: TrainConfig) -> dict[str, Any]:
+        return {}
+
+    def load(self, path: str) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+        return AutoModelForCausalLM.from_pretrained(path), PreTrainedTokenizerFast.from_pretrained(path)
+
+
+TINY_KIND = TinyKind()
+
+
+def warm_start(
+    cfg: TrainConfig, run_dir: Path, echo: Echo, started: float, runner: EpisodeRunner | None = None
+) -> tuple[Any, Any]:
+    """The tiny base model: loaded from ``run_dir/base`` if it exists, else built and behaviour-cloned there (the
+    rule-seller transcripts it imitates are written through ``runner``'s transcripts, as the warm-start arm)."""
+    from .checkpoints import CUT_SHORT
+    from .pool import BuyerPool
+    from .rollout import split_scenarios
+    from .sft import behaviour_clone, record_transcripts
+    from .tiny_model import build_tiny_model, parameter_count
+    from .tokenizer import build_tokenizer
+
+    base = run_dir / "base"
+    if (base / "config.json").exists():
+        echo(f"warm start: reusing {base}")
+        return TINY_KIND.load(str(base))
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=cfg.seed)
+    echo(f"tiny model: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tok)}")
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    t0 = time.perf_counter()
+    writer = runner.market.writer if runner is not None else None
+    traces = record_transcripts(
+        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)).rules(), cfg.seed, writer
+    )
+    echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
+    if cfg.sft_steps:
+        # the warm start may use at most a third of the time budget, so GRPO always gets the rest
+        deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
+        r = behaviour_clone(
+            model,
+            tok,
+            traces,
+            steps=cfg.sft_steps,
+            lr=cfg.sft_lr,
+            batch=cfg.sft_batch,
+            seed=cfg.seed,
+            deadline=deadline,
+            echo=echo,
+        )
+        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+        if r.steps < cfg.sft_steps:
+            echo(
+                f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
+                f"{r.steps} of {cfg.sft_steps} steps"
+            )
+            base.mkdir(parents=True, exist_ok=True)
+            (base / CUT_SHORT).write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    return model, tok
