@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nego.cli.simulate_cmd import SimulateConfig, run_simulation
+from nego.cli.simulate_cmd import ConsoleView
+from nego.simulation import SimulateConfig, run_simulation
 from rich.console import Console
 
 
@@ -23,7 +24,7 @@ def one(live: bool, days: int, negotiations: int, seed: int) -> float:
         console = Console(file=sink, force_terminal=live, width=140)
         cfg = SimulateConfig(days=days, negotiations=negotiations, seed=seed, out=Path(tmp) / "run")
         start = time.process_time()
-        result = run_simulation(cfg, console=console, live=live)
+        result = run_simulation(cfg, observer=ConsoleView(console, live=live))
         spent = time.process_time() - start
     return spent / result.negotiations.height
 

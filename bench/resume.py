@@ -19,14 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from nego.cli.simulate_cmd import SimulateConfig, run_simulation
+from nego.cli.simulate_cmd import ConsoleView
 from nego.market.transcripts import read_negotiations
+from nego.simulation import SimulateConfig, run_simulation
 from rich.console import Console
 
 
 def timed(cfg: SimulateConfig):
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_simulation(cfg, console=Console(quiet=True))
+    result = run_simulation(cfg, observer=ConsoleView(Console(quiet=True)))  # as the command watches it
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 

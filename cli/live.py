@@ -241,29 +241,53 @@ class LiveView:
         self.live.__exit__(None, None, None)
 
 
+PLAIN_WIDTH = 80
+"""Columns a plain progress line fits in (a terminal's, or a log viewer's, default width)."""
+
+
+def _packed(items: list[str], indent: str) -> list[str]:
+    """``items`` joined by commas into indented lines of at most :data:`PLAIN_WIDTH` columns (an item is never
+    split; one longer than a line gets a line of its own)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= PLAIN_WIDTH:
+            lines[-1] += ", " + item
+        else:
+            lines.append(indent + item)
+    return lines
+
+
 class PlainProgress:
-    """Progress as plain lines, for logs and pipes: one line per market day, at most one more every ``every_s``."""
+    """Progress as plain lines for logs and pipes, each fitting :data:`PLAIN_WIDTH` columns for the usual sizes of a
+    market: one line per market day (and per learner update, its metrics on indented lines below), at most one
+    more every ``every_s``. The count goes on from what ``watch`` holds when it starts (what a resumed run settled
+    from its transcripts); the rate counts only what is played now."""
 
     def __init__(self, watch: MarketWatch, console: Console, every_s: float = 5.0) -> None:
         self.watch, self.console, self.every_s = watch, console, every_s
         self._last = time.perf_counter()
+        self._settled = watch.done
 
     def __call__(self, event: object) -> None:
         w = self.watch
         if isinstance(event, DayEnded):
-            self.console.print(
-                f"day {event.day}: {event.negotiations} negotiations, {event.deals} deals, {event.errors} errors, "
-                f"{event.units} units, revenue {event.revenue:,.0f}  [{w.done}/{w.expected} done]",
-                highlight=False,
+            self._print(
+                f"day {event.day}: {event.deals}/{event.negotiations} deals, {event.errors} errors, "
+                f"{event.units} units, revenue {event.revenue:,.0f}  [{w.done}/{w.expected} done]"
             )
         elif isinstance(event, LearnerUpdated):
             r = event.report
-            extra = ", ".join(f"{k} {v:.3f}" for k, v in r.metrics.items() if k != "seconds")
-            self.console.print(
-                f"day {event.day}: {event.spec} learned: {r.updates} update(s), now version {r.policy_version}, "
-                f"{r.pending} group(s) waiting" + (f" ({extra})" if extra else ""),
-                highlight=False,
+            self._print(
+                f"day {event.day}: {event.spec} learned: {r.updates} update(s), version {r.policy_version}, "
+                f"{r.pending} group(s) waiting"
             )
+            metrics = [f"{k} {v:.3f}" for k, v in r.metrics.items() if k != "seconds"]
+            for line in _packed(metrics, indent="  "):
+                self._print(line)
         elif isinstance(event, NegotiationEnded) and time.perf_counter() - self._last > self.every_s:
             self._last = time.perf_counter()
-            self.console.print(f"{w.done}/{w.expected} negotiations, {w.deals} deals, {w.rate:.0f}/s", highlight=False)
+            rate = (w.done - self._settled) / max(1e-9, self._last - w.started)
+            self._print(f"{w.done}/{w.expected} negotiations, {w.deals} deals, {rate:.0f}/s")
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False)

@@ -4,11 +4,12 @@ template, tools, sampling, prices)."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from nego.agents.model_options import ModelOptions
 
 BaseUrl = Annotated[
     str | None,
@@ -28,38 +29,6 @@ MaxTokens = Annotated[int | None, typer.Option(help="Most tokens a model agent m
 PerKind = Annotated[
     str | None, typer.Option(help="Concurrency caps per agent kind, e.g. 'openai=16,anthropic=8,hf=32'.")
 ]
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """What the command line says about model agents; empty means the defaults and the environment."""
-
-    base_url: str | None = None
-    template: str | None = None
-    tools: bool | None = None
-    prices: Path | None = None
-    temperature: float | None = None
-    max_tokens: int | None = None
-
-    def settings(self) -> Any:
-        """The :class:`nego.agents.model_specs.LLMSettings` these options describe (environment for the rest)."""
-        from nego.agents.backends.limits import PriceTable
-        from nego.agents.model_specs import LLMSettings
-
-        overrides: dict[str, Any] = {}
-        if self.base_url:
-            overrides["base_url"] = self.base_url
-        if self.template:
-            overrides["template"] = self.template
-        if self.tools is not None:
-            overrides["tools"] = self.tools
-        if self.prices is not None:
-            overrides["prices"] = PriceTable.load(self.prices)
-        if self.temperature is not None:
-            overrides["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            overrides["max_tokens"] = self.max_tokens
-        return LLMSettings.from_env(**overrides)
 
 
 _MODEL_ANNOTATIONS: dict[str, Any] = {

@@ -5,20 +5,15 @@ negotiations concurrently through a :class:`Marketplace` on the model's own even
 in pair order. Same seed, same days, same transcripts. Sellers may be :mod:`learners <nego.market.learning>`, which
 play each of their pairs as a group and learn from it after the day.
 
-Deals are settled by the rule of :mod:`.settlement`.
-
-Resuming with a writer: the negotiations of this run already completed on disk are read once per run, and a
-pair whose slot (day, pair, seller, buyer, seed and scenario) is among them is settled from its stored outcome
-without building its job, so a finished run neither plays nor regenerates anything.
+Deals are settled by the rule of :mod:`.settlement`; the days' statistics are the typed rows of :mod:`.day_stats`;
+a rerun replays the days already on disk as :mod:`.replay` describes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import mesa
@@ -26,100 +21,32 @@ import numpy as np
 import polars as pl
 from nego.scenarios.scenario import Scenario
 
+from .day_stats import (
+    DAY_SCHEMA,
+    SELLER_DAY_SCHEMA,
+    DayRow,
+    SellerDayRow,
+    agents_frame,
+    day_row,
+    frame,
+    seller_day_rows,
+)
 from .events import DayEnded, DayStarted, EventBus, LearnerUpdated
 from .learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
 from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory, Played
 from .protocol import ProtocolConfig
-from .settlement import check_tradeable, settle
+from .replay import StoredSlots, resume_learners
+from .settlement import Settlement, check_tradeable, settle
+from .traders import BuyerAgent, BuyerSetup, SellerAgent, SellerSetup
 from .types import EndReason, NegotiationResult, Outcome
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
 
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
 
 ScenarioSource = Sequence[Scenario] | Callable[[int], Scenario]
 """A list to draw scenarios from, or a function from a seed to a scenario (e.g. the scenario generator)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SellerSetup:
-    """A seller at the start of a simulation."""
-
-    spec: str
-    inventory: int
-    unit_cost: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class BuyerSetup:
-    """A buyer at the start of a simulation; ``budget`` is spent on priced deals only."""
-
-    spec: str
-    demand: int
-    budget: float = math.inf
-
-
-class SellerAgent(mesa.Agent):
-    """A seller: negotiates with its spec's agents while it has inventory."""
-
-    def __init__(self, model: MarketModel, setup: SellerSetup) -> None:
-        super().__init__(model)
-        self.spec = setup.spec
-        self.inventory = setup.inventory
-        self.unit_cost = setup.unit_cost
-        self.sold = 0
-        self.revenue = 0.0
-
-    @property
-    def profit(self) -> float:
-        return self.revenue - self.sold * self.unit_cost
-
-
-class BuyerAgent(mesa.Agent):
-    """A buyer: negotiates while it has demand and budget left."""
-
-    def __init__(self, model: MarketModel, setup: BuyerSetup) -> None:
-        super().__init__(model)
-        self.spec = setup.spec
-        self.demand = setup.demand
-        self.budget = setup.budget
-        self.bought = 0
-        self.spent = 0.0
-
-
-SELLER_DAY_SCHEMA = pl.Schema(
-    {
-        "day": pl.Int32,
-        "seller": pl.String,
-        "negotiations": pl.Int32,
-        "deals": pl.Int32,
-        "errors": pl.Int32,
-        "mean_seller_utility": pl.Float64,
-        "invalid_per_turn": pl.Float64,
-        "learning": pl.Boolean,
-        "policy_version": pl.Int32,
-    }
-)
-"""One row per seller spec per day: how its negotiations went (a learner's rollouts included, its policy version is
-the one that played)."""
-
-DAY_SCHEMA = pl.Schema(
-    {
-        "day": pl.Int32,
-        "pairs": pl.Int32,
-        "deals": pl.Int32,
-        "no_deals": pl.Int32,
-        "errors": pl.Int32,
-        "units": pl.Int64,
-        "revenue": pl.Float64,
-        "mean_seller_utility": pl.Float64,
-        "mean_buyer_utility": pl.Float64,
-        "inventory_left": pl.Int64,
-        "demand_left": pl.Int64,
-    }
-)
 
 
 class MarketModel(mesa.Model):
@@ -172,17 +99,17 @@ class MarketModel(mesa.Model):
             writer=writer,
             scorer=self._score if self.learners else None,
         )
-        self.learned_through = self._resume_learners(writer)
+        self.learned_through = resume_learners(self.learners.values(), writer)
         """The last day every learner has learned from (earlier days are replayed from transcripts on a rerun)."""
-        self.seller_days: list[dict[str, object]] = []
-        """One row per seller spec per played day (see :data:`SELLER_DAY_SCHEMA`)."""
+        self.seller_days: list[SellerDayRow] = []
+        """One row per seller spec per played day."""
         self.learn_reports: list[tuple[int, str, LearnReport]] = []
         for setup in sellers:
             SellerAgent(self, setup)
         for setup in buyers:
             BuyerAgent(self, setup)
-        self.day_stats: list[dict[str, float | int | None]] = []
-        """One row per played day (see :data:`DAY_SCHEMA`)."""
+        self.day_stats: list[DayRow] = []
+        """One row per played day."""
         self._runner: asyncio.Runner | None = None
         self._stored: StoredSlots | None = None
         self.running = self.can_match()
@@ -200,13 +127,13 @@ class MarketModel(mesa.Model):
         learner = self.learners.get(job.seller)
         return learner.score(job, result) if learner is not None else None
 
-    def _resume_learners(self, writer: TranscriptWriter | None) -> int:
-        if not self.learners:
-            return 0
-        done = min(learner.resume() for learner in self.learners.values())
-        if writer is not None:
-            writer.rollback(pl.col("day") > done, f"of days after day {done}, the last day every learner learned from")
-        return done
+    @property
+    def stored(self) -> StoredSlots:
+        """This run's negotiations complete on disk before it played anything (read once, on first use): what a
+        rerun settles from its transcripts instead of playing."""
+        if self._stored is None:
+            self._stored = StoredSlots.read(self.market.writer, self.run_id)
+        return self._stored
 
     @property
     def sellers(self) -> list[SellerAgent]:
@@ -249,14 +176,11 @@ class MarketModel(mesa.Model):
     def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:
         """Per pair, in pair order: the jobs to play (one, or a learner's group: the market's negotiation first, then
         its rollouts), or the outcome stored by an earlier run of the same slot."""
-        if self._stored is None:
-            writer = self.market.writer
-            self._stored = StoredSlots(writer.completed_rows(self.run_id) if writer is not None else None)
         plan: list[list[Job] | Outcome] = []
         for i, (s, b) in enumerate(pairs):
             seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
             draw = self._draw()
-            stored = self._stored.outcome(day, i, s.spec, b.spec, seed, draw, self._scenarios)
+            stored = self.stored.outcome(day, i, s.spec, b.spec, seed, draw, self._scenarios)
             if stored is not None:
                 plan.append(stored)
                 continue
@@ -292,40 +216,17 @@ class MarketModel(mesa.Model):
         groups: list[list[Played] | None] = [[next(played) for _ in p] if isinstance(p, list) else None for p in plan]
         outcomes = [g[0].result.outcome if g is not None else p for g, p in zip(groups, plan, strict=True)]
         self._record(day, pairs, outcomes)  # type: ignore[arg-type]
-        self._record_sellers(day, [g for g in groups if g is not None])
+        self.seller_days.extend(seller_day_rows(day, [g for g in groups if g is not None], self.learners))
         self._learn(day, pairs, groups)
         self.running = day < self.days and self.can_match()
 
     def _record(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], outcomes: Sequence[Outcome]) -> None:
-        units, revenue, deals, errors = 0, 0.0, 0, 0
-        utilities: list[tuple[float, float]] = []
-        for (seller, buyer), o in zip(pairs, outcomes, strict=True):  # pair order, never completion order
-            if o.end_reason is EndReason.ERROR:
-                errors += 1
-                continue
-            utilities.append((o.seller_utility, o.buyer_utility))
-            if o.agreed and o.agreement is not None:
-                deals += 1
-                done = settle(seller, buyer, o.agreement)
-                units, revenue = units + done.units, revenue + done.paid
-        mean = np.mean(utilities, axis=0) if utilities else (None, None)
-        self.day_stats.append(
-            {
-                "day": day,
-                "pairs": len(pairs),
-                "deals": deals,
-                "no_deals": len(pairs) - deals - errors,
-                "errors": errors,
-                "units": units,
-                "revenue": revenue,
-                "mean_seller_utility": None if mean[0] is None else float(mean[0]),
-                "mean_buyer_utility": None if mean[1] is None else float(mean[1]),
-                "inventory_left": sum(s.inventory for s in self.sellers),
-                "demand_left": sum(b.demand for b in self.buyers),
-            }
-        )
+        settled = [_settle(s, b, o) for (s, b), o in zip(pairs, outcomes, strict=True)]  # pair order, never completion
+        left = sum(s.inventory for s in self.sellers), sum(b.demand for b in self.buyers)
+        row = day_row(day, outcomes, settled, *left)
+        self.day_stats.append(row)
         if self.bus is not None and self.bus.active:
-            self.bus.publish(DayEnded(day, len(pairs), deals, errors, units, revenue))
+            self.bus.publish(DayEnded(day, row.pairs, row.deals, row.errors, row.units, row.revenue))
 
     def _learn(
         self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]], groups: Sequence[list[Played] | None]
@@ -344,34 +245,9 @@ class MarketModel(mesa.Model):
             if self.bus is not None and self.bus.active:
                 self.bus.publish(LearnerUpdated(day, spec, report))
 
-    def _record_sellers(self, day: int, groups: Sequence[list[Played]]) -> None:
-        by_spec: dict[str, list[Played]] = {}
-        for g in groups:
-            by_spec.setdefault(g[0].job.seller, []).extend(g)
-        for spec, items in by_spec.items():
-            ok = [p for p in items if p.result.outcome.end_reason is not EndReason.ERROR]
-            turns = sum(1 for p in ok for t in p.result.turns if t.role.value == "seller")
-            invalid = sum(p.result.outcome.invalid_seller for p in ok)
-            learner = self.learners.get(spec)
-            self.seller_days.append(
-                {
-                    "day": day,
-                    "seller": spec,
-                    "negotiations": len(items),
-                    "deals": sum(p.result.outcome.agreed for p in ok),
-                    "errors": len(items) - len(ok),
-                    "mean_seller_utility": float(np.mean([p.result.outcome.seller_utility for p in ok]))
-                    if ok
-                    else None,
-                    "invalid_per_turn": invalid / turns if turns else None,
-                    "learning": learner is not None,
-                    "policy_version": items[0].job.policy_version if learner is not None else None,
-                }
-            )
-
     def seller_days_frame(self) -> pl.DataFrame:
         """Per seller spec and day: negotiations, deals, mean seller utility, invalid actions per seller turn."""
-        return pl.DataFrame(self.seller_days, schema=SELLER_DAY_SCHEMA, orient="row")
+        return frame(self.seller_days, SELLER_DAY_SCHEMA)
 
     def run(self) -> pl.DataFrame:
         """Step until no pair can be matched or ``days`` days have passed; returns :meth:`days_frame`."""
@@ -381,33 +257,11 @@ class MarketModel(mesa.Model):
 
     def days_frame(self) -> pl.DataFrame:
         """Per-day statistics: deals, settled units and revenue, mean utilities, what is left."""
-        return pl.DataFrame(self.day_stats, schema=DAY_SCHEMA, orient="row")
+        return frame(self.day_stats, DAY_SCHEMA)
 
     def agents_frame(self) -> pl.DataFrame:
         """Every agent's current state, one row each."""
-        rows = [
-            {
-                "id": s.unique_id,
-                "side": "seller",
-                "spec": s.spec,
-                "stock": s.inventory,
-                "units": s.sold,
-                "money": s.revenue,
-            }
-            for s in self.sellers
-        ] + [
-            {"id": b.unique_id, "side": "buyer", "spec": b.spec, "stock": b.demand, "units": b.bought, "money": b.spent}
-            for b in self.buyers
-        ]
-        schema = {
-            "id": pl.Int64,
-            "side": pl.String,
-            "spec": pl.String,
-            "stock": pl.Int64,
-            "units": pl.Int64,
-            "money": pl.Float64,
-        }
-        return pl.DataFrame(rows, schema=schema, orient="row")
+        return agents_frame(self.sellers, self.buyers)
 
     def run_coroutine(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the model's own event loop (e.g. to close clients bound to it)."""
@@ -429,53 +283,8 @@ class MarketModel(mesa.Model):
         self.close()
 
 
-class StoredSlots:
-    """The completed negotiations of one run, by slot, as a resumed :class:`MarketModel` reads them (once).
-
-    A stored negotiation stands for a pair only if everything that defines it matches: day, pair, seller and
-    buyer specs, seed, and the scenario. A scenario from a list is compared by content hash. A generated scenario
-    is matched by the recipe in its id (the draw is its generator seed), once the generator has been checked to
-    still make, for one stored draw, the very scenario that was played; any other scenario source is played
-    through the marketplace, which skips what is done by negotiation id.
-    """
-
-    def __init__(self, rows: pl.DataFrame | None) -> None:
-        cols = ("day", "pair", "seller", "buyer", "seed")
-        self._rows: dict[tuple, dict[str, Any]] = {}
-        if rows is not None:
-            self._rows = {tuple(r[c] for c in cols): r for r in rows.iter_rows(named=True)}
-        self._generator_ok: bool | None = None
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def outcome(
-        self, day: int, pair: int, seller: str, buyer: str, seed: int, draw: int, source: ScenarioSource | None
-    ) -> Outcome | None:
-        """The stored outcome of this slot, or None if it has to be played."""
-        row = self._rows.get((day, pair, seller, buyer, seed))
-        if row is None or not self._same_scenario(row, draw, source):
-            return None
-        from .transcript_rows import outcome_from_row
-
-        return outcome_from_row(row)
-
-    def _same_scenario(self, row: dict[str, Any], draw: int, source: ScenarioSource | None) -> bool:
-        from .marketplace import scenario_hash
-
-        if source is not None:
-            return not callable(source) and scenario_hash(source[draw]) == row["scenario_hash"]
-        from nego.scenarios.generator import GeneratedId, generate_scenario
-
-        recipe = GeneratedId.parse(row["scenario_id"])
-        if recipe is None or (recipe.seed, recipe.index, recipe.opposition, recipe.zopa) != (draw, 0, None, True):
-            return False
-        if self._generator_ok is None:
-            self._generator_ok = scenario_hash(generate_scenario(draw)) == row["scenario_hash"]
-            if not self._generator_ok:
-                logger.warning(
-                    "the scenario generator no longer makes the scenarios this run played (draw %d): stored "
-                    "negotiations are not reused and every pair is played again",
-                    draw,
-                )
-        return self._generator_ok
+def _settle(seller: SellerAgent, buyer: BuyerAgent, o: Outcome) -> Settlement | None:
+    """Settle the deal ``o`` ended in, if it ended in one (a failed negotiation settles nothing)."""
+    if o.end_reason is EndReason.ERROR or not (o.agreed and o.agreement is not None):
+        return None
+    return settle(seller, buyer, o.agreement)

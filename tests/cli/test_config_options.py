@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nego.cli.app import app
 from nego.cli.config_options import config_options, given_values
-from nego.cli.simulate_cmd import SimulateConfig
 from nego.evaluation.config import EvalConfig, SweepConfig
+from nego.simulation import SimulateConfig
 from nego.training.config import ConfigError, TrainConfig, load_toml
 from typer.testing import CliRunner
 

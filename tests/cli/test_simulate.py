@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 
+import polars as pl
 import pytest
 from nego.cli.app import app
 from nego.cli.live import LiveView, MarketWatch
-from nego.cli.simulate_cmd import SimulateConfig, run_simulation
+from nego.cli.simulate_cmd import ConsoleView
 from nego.market.events import EventBus
 from nego.market.transcripts import read_negotiations, read_turns
+from nego.simulation import SimulateConfig, run_simulation
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -29,17 +31,16 @@ def test_simulate_smoke_writes_transcripts_and_summary(tmp_path):
 
 def test_rerun_resumes_and_adds_nothing(tmp_path):
     cfg = SimulateConfig(days=2, negotiations=5, out=tmp_path / "r", seed=3)
-    first = run_simulation(cfg, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
-    again = run_simulation(cfg, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    first = run_simulation(cfg)
+    again = run_simulation(cfg)
     assert again.skipped == first.negotiations.height == 10
     assert read_negotiations(cfg.out_dir).height == 10  # no duplicated rows
     assert first.days.equals(again.days)  # stored results settle the market exactly as played ones
 
 
 def test_same_seed_same_transcripts(tmp_path):
-    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
-    a = run_simulation(SimulateConfig(days=2, negotiations=4, seed=7, out=tmp_path / "a"), console=quiet)
-    b = run_simulation(SimulateConfig(days=2, negotiations=4, seed=7, out=tmp_path / "b"), console=quiet)
+    a = run_simulation(SimulateConfig(days=2, negotiations=4, seed=7, out=tmp_path / "a"))
+    b = run_simulation(SimulateConfig(days=2, negotiations=4, seed=7, out=tmp_path / "b"))
     cols = ["negotiation_id", "seller", "buyer", "seller_utility", "buyer_utility", "rounds", "end_reason"]
     assert a.negotiations.sort("negotiation_id").select(cols).equals(b.negotiations.sort("negotiation_id").select(cols))
 
@@ -58,7 +59,7 @@ def test_live_view_renders_from_events(tmp_path):
     watch = MarketWatch(expected=8)
     bus.subscribe(watch)
     cfg = SimulateConfig(days=1, negotiations=8, out=tmp_path / "live")
-    run_simulation(cfg, bus=bus, console=console, live=True)
+    run_simulation(cfg, bus=bus, observer=ConsoleView(console, live=True))
     assert watch.done == 8 and watch.deals + watch.errors <= 8
     view = LiveView(watch, console=console)
     console.print(view.render())
@@ -71,14 +72,26 @@ def test_simulate_never_imports_torch_or_sdks(tmp_path):
     import subprocess
 
     code = (
-        "import sys; from nego.cli.simulate_cmd import SimulateConfig, run_simulation; "
-        "from rich.console import Console; "
+        "import sys; from nego.cli.simulate_cmd import ConsoleView; from nego.simulation import SimulateConfig, "
+        "run_simulation; from rich.console import Console; "
         f"cfg = SimulateConfig(days=1, negotiations=2, out={str(tmp_path / 's')!r}); "
-        "run_simulation(cfg, console=Console(quiet=True)); "
+        "run_simulation(cfg, observer=ConsoleView(Console(quiet=True))); "
         "print(sorted(m for m in ('torch', 'transformers', 'trl', 'openai', 'anthropic') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("[]")
+
+
+def test_the_library_runs_a_simulation_without_the_cli_or_its_printing(tmp_path):
+    import subprocess
+
+    code = (
+        "import sys; from nego.simulation import SimulateConfig, run_simulation; "
+        f"r = run_simulation(SimulateConfig(days=1, negotiations=2, out={str(tmp_path / 'lib')!r})); "
+        "print(r.negotiations.height, sorted(m for m in sys.modules if m.startswith(('nego.cli', 'typer', 'rich'))))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "2 []"  # and nothing else printed
 
 
 @pytest.mark.parametrize("bad", [["--days", "0"], ["--negotiations", "-1"], ["--scenarios", "/no/such/file.toml"]])
@@ -117,3 +130,74 @@ def test_a_second_simulation_on_a_directory_in_use_fails_without_writing(tmp_pat
     assert res.exit_code == 2
     assert "in use by nego simulate --out busy" in " ".join(res.output.split())
     assert not (out / "negotiations").exists()
+
+
+def _simulate(out, days: int, kill_after_day: int | None = None) -> tuple[list[str], bool]:
+    """``nego simulate`` in a subprocess with plain output; with ``kill_after_day``, SIGKILLed as soon as that day's
+    line is printed. Its lines, and whether it was killed before it finished."""
+    import os
+    import signal
+    import subprocess
+
+    args = ["simulate", "--no-live", "--out", str(out), "--days", str(days), "--negotiations", "6", "--seed", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nego.cli.app", *args], stdout=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if kill_after_day is not None and line.startswith(f"day {kill_after_day}:"):
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return lines, proc.returncode == -signal.SIGKILL
+        assert proc.wait(timeout=300) == 0, "\n".join(lines)
+        return lines, False
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_then_resumed_simulation_counts_the_negotiations_it_settles_from_its_transcripts(tmp_path):
+    out = tmp_path / "run"
+    _, killed = _simulate(out, 30, kill_after_day=2)
+    assert killed
+    settled = read_negotiations(out, latest=True).filter(pl.col("end_reason") != "error").height
+    assert 12 <= settled < 180  # days 1 and 2 at least were on disk, and not the whole run
+    lines, _ = _simulate(out, 30)
+    days = [line for line in lines if line.startswith("day ") and ":" in line.split()[1]]
+    assert read_negotiations(out, latest=True).height == 180 and len(days) == 30
+    assert days[-1].endswith("[180/180 done]"), days[-1]  # not [180 - settled/180]: the settled ones count too
+    assert days[0].endswith(f"[{settled}/180 done]")
+    assert f"resumed: {settled} negotiations were already complete on disk" in lines
+
+
+def test_every_line_of_a_plain_simulation_fits_80_columns_unwrapped(tmp_path, monkeypatch):
+    import re
+
+    monkeypatch.chdir(tmp_path)  # the default output directory, as a user's first run would have it
+    res = runner.invoke(app, ["simulate", "--days", "3", "--no-live"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    # nego's own lines are whole: none was wrapped onto a second line to fit
+    day = re.compile(r"day \d: \d+/32 deals, \d+ errors, \d+ units, revenue [\d,]+  \[\d+/96 done\]")
+    assert sum(bool(day.fullmatch(line)) for line in lines) == 3, res.output
+    assert lines[-1] == "transcripts: negotiations/ and turns/ (Parquet) in runs/simulate-seed0"
+
+
+def test_plain_progress_puts_a_learner_update_and_its_metrics_on_lines_of_80_columns():
+    from nego.cli.live import PlainProgress
+    from nego.market.events import LearnerUpdated
+    from nego.market.learning import LearnReport
+
+    console = Console(width=1000, record=True)
+    metrics = {f"metric_{i}": i / 7 for i in range(12)} | {"seconds": 3.0}
+    report = LearnReport(policy_version=7, updates=2, pending=1, metrics=metrics)
+    PlainProgress(MarketWatch(expected=10), console)(LearnerUpdated(4, "tiny-learning", report))
+    lines = console.export_text().splitlines()
+    assert lines[0] == "day 4: tiny-learning learned: 2 update(s), version 7, 1 group(s) waiting"
+    assert max(len(line) for line in lines) <= 80 and all(line.startswith("  metric_") for line in lines[1:])
+    shown = ", ".join(line.strip() for line in lines[1:]).split(", ")
+    assert shown == [f"metric_{i} {i / 7:.3f}" for i in range(12)]  # every metric, whole, in order; seconds not shown

@@ -5,9 +5,10 @@ from __future__ import annotations
 import polars as pl
 from nego.cli.eval_cmd import summary_tables
 from nego.cli.live import MarketWatch, stats_table
-from nego.cli.simulate_cmd import SimulateConfig, print_summary, run_simulation
+from nego.cli.simulate_cmd import print_summary
 from nego.cli.tables import Layout
 from nego.market.events import EventBus
+from nego.simulation import SimulateConfig, run_simulation
 from rich.console import Console
 
 SELLERS = ("boulware", "conceder", "timedep:e=0.3", "linear")
@@ -25,7 +26,7 @@ def test_simulation_summary_and_live_table_keep_every_spec_whole_at_80_columns(t
     bus, watch = EventBus(), MarketWatch(expected=12)
     bus.subscribe(watch)
     cfg = SimulateConfig(sellers=SELLERS, buyers=BUYERS, days=2, negotiations=6, out=tmp_path / "run")
-    result = run_simulation(cfg, bus=bus, console=Console(quiet=True))
+    result = run_simulation(cfg, bus=bus)
     console = Console(width=80, record=True)
     print_summary(result, console)
     lines = console.export_text().splitlines()

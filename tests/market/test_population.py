@@ -209,3 +209,31 @@ def test_stored_outcomes_are_not_reused_when_the_generator_makes_other_scenarios
     assert writer.written == first["pairs"].sum()  # every pair played again, on the scenarios made now
     assert "no longer makes the scenarios" in caplog.text
     assert (read_negotiations(tmp_path)["max_rounds"] == 5).sum() == writer.written
+
+
+def test_day_statistics_are_typed_rows_turned_into_tables_at_the_edge():
+    from dataclasses import FrozenInstanceError, asdict
+
+    from nego.market.day_stats import DAY_SCHEMA, SELLER_DAY_SCHEMA, DayRow, SellerDayRow
+
+    with model(3, days=3) as m:
+        days = m.run()
+    assert m.day_stats and all(isinstance(r, DayRow) for r in m.day_stats)
+    assert m.seller_days and all(isinstance(r, SellerDayRow) for r in m.seller_days)
+    with pytest.raises(FrozenInstanceError):
+        m.day_stats[0].deals = 99  # type: ignore[misc]
+    assert days.schema == DAY_SCHEMA and days.rows(named=True) == [asdict(r) for r in m.day_stats]
+    per_seller = m.seller_days_frame()
+    assert per_seller.schema == SELLER_DAY_SCHEMA
+    played = per_seller.group_by("day").agg(pl.col("negotiations").sum()).sort("day")
+    assert played["negotiations"].to_list() == days["pairs"].to_list()  # no learner: one negotiation per pair
+
+
+def test_a_rerun_knows_how_many_of_its_negotiations_are_already_on_disk(tmp_path):
+    with model(5, days=2, writer=TranscriptWriter(tmp_path)) as m:
+        assert len(m.stored) == 0
+        first = m.run()
+    with model(5, days=3, writer=TranscriptWriter(tmp_path)) as m:
+        assert len(m.stored) == first["pairs"].sum() == read_negotiations(tmp_path).height
+    with model(5, days=3, writer=TranscriptWriter(tmp_path), run_id="another") as m:
+        assert len(m.stored) == 0  # only this run's negotiations count

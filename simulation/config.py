@@ -1,0 +1,84 @@
+"""Configuration of a simulation, as a dataclass the CLI fills.
+
+Each field's help text is in its metadata, where ``nego simulate`` takes its options from; defaults are written
+here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nego.agents.model_options import ModelOptions
+from nego.agents.threads import THREADS_HELP
+
+DEFAULT_SELLERS = "boulware,linear,conceder,tft"
+DEFAULT_BUYERS = "boulware,conceder,tft,walker"
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """One simulation: who trades, for how long, on what, and where the transcripts go."""
+
+    sellers: tuple[str, ...] = _f(
+        tuple(DEFAULT_SELLERS.split(",")), "Comma-separated seller specs (see `nego agents`)."
+    )
+    buyers: tuple[str, ...] = _f(tuple(DEFAULT_BUYERS.split(",")), "Comma-separated buyer specs.")
+    days: int = _f(5, "Market days to simulate.")
+    negotiations: int = _f(32, "Sellers and buyers each: at most this many deals a day.")
+    inventory: int = _f(60, "Units each seller starts with.")
+    demand: int = _f(40, "Units each buyer wants.")
+    scenarios: str | None = _f(
+        None, "Scenario FILE, DIR, 'builtin', a suite name, plugin:NAME or py:MODULE:ATTR; default: generated."
+    )
+    seed: int = _f(0, "Seed: same seed and options, same transcripts.")
+    concurrency: int = _f(256, "Negotiations in flight at most.")
+    per_kind: dict[str, int] = field(default_factory=dict)
+    """Concurrency caps per agent kind (``--per-kind``, shared with ``nego eval``)."""
+    max_retries: int = _f(2, "Retries after an invalid move before the turn is forfeited.")
+    turn_timeout_s: float | None = _f(
+        None, "Seconds one move may take; past it the negotiation ends as an error.", flag="--turn-timeout"
+    )
+    out: Path | None = field(
+        default=None, metadata={"help": "Transcript directory (default runs/simulate-seed<SEED>); rerun to resume."}
+    )
+    threads: int = _f(0, THREADS_HELP)
+    learn: str | None = _f(
+        None,
+        "A seller that learns while the market runs: a registered model (tiny, NAME-rl), hf:PATH (GRPO), or "
+        "'tuner' (a UCB concession tuner); it trades as NAME-learning beside --sellers.",
+    )
+    learn_sellers: int = _f(4, "Seller agents trading under the learning spec (and as many more buyers).")
+    learn_group: int = _f(4, "Negotiations each learning pair plays of its scenario per day: its GRPO group.")
+    learn_batch: int = _f(4, "Groups per policy update; groups that do not fill one wait for the next day.")
+    learn_lr: float = _f(0.0, "Learning rate of a GRPO learner (0: the model's training default).")
+    model: ModelOptions = field(default_factory=ModelOptions)
+    """Model agents' settings (the shared ``--base-url``, ``--template``, ... options)."""
+
+    def __post_init__(self) -> None:
+        least = {
+            "days": 1,
+            "negotiations": 1,
+            "inventory": 1,
+            "demand": 1,
+            "concurrency": 1,
+            "max_retries": 0,
+            "threads": 0,
+            "learn_sellers": 1,
+            "learn_group": 1,
+            "learn_batch": 1,
+        }
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+        if not self.sellers or not self.buyers:
+            raise ValueError("give at least one seller spec and one buyer spec")
+
+    @property
+    def out_dir(self) -> Path:
+        return self.out or Path("runs") / f"simulate-seed{self.seed}"
