@@ -30,6 +30,7 @@ from .events import DayEnded, DayStarted, EventBus, LearnerUpdated
 from .learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
 from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory, Played
 from .protocol import ProtocolConfig
+from .rates import invalid_per_move_of
 from .settlement import check_tradeable, settle
 from .types import EndReason, NegotiationResult, Outcome
 
@@ -350,8 +351,6 @@ class MarketModel(mesa.Model):
             by_spec.setdefault(g[0].job.seller, []).extend(g)
         for spec, items in by_spec.items():
             ok = [p for p in items if p.result.outcome.end_reason is not EndReason.ERROR]
-            turns = sum(1 for p in ok for t in p.result.turns if t.role.value == "seller")
-            invalid = sum(p.result.outcome.invalid_seller for p in ok)
             learner = self.learners.get(spec)
             self.seller_days.append(
                 {
@@ -363,14 +362,14 @@ class MarketModel(mesa.Model):
                     "mean_seller_utility": float(np.mean([p.result.outcome.seller_utility for p in ok]))
                     if ok
                     else None,
-                    "invalid_per_turn": invalid / turns if turns else None,
+                    "invalid_per_turn": invalid_per_move_of(p.result for p in ok),
                     "learning": learner is not None,
                     "policy_version": items[0].job.policy_version if learner is not None else None,
                 }
             )
 
     def seller_days_frame(self) -> pl.DataFrame:
-        """Per seller spec and day: negotiations, deals, mean seller utility, invalid actions per seller turn."""
+        """Per seller spec and day: negotiations, deals, mean seller utility, invalid moves per seller move."""
         return pl.DataFrame(self.seller_days, schema=SELLER_DAY_SCHEMA, orient="row")
 
     def run(self) -> pl.DataFrame:
