@@ -19,6 +19,7 @@ import time
 import numpy as np
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, run_jobs
+from nego.market.rates import deal_rate_of
 from nego.market.types import EndReason, NegotiationResult
 from nego.scenarios.scenario import Role
 from nego.training.config import DEFAULT_TRAIN_BUYERS
@@ -37,10 +38,10 @@ HELD_OUT = ("walker", "picky")
 
 
 def row(results: list[NegotiationResult]) -> tuple[float, float, float]:
-    """(deal rate, buyer walk-away rate, mean seller utility)."""
-    deals = np.mean([r.outcome.agreed for r in results])
+    """(deal rate per negotiation, buyer walk-away rate, mean seller utility)."""
+    deals = deal_rate_of(r.outcome for r in results) or 0.0
     walks = np.mean([r.outcome.end_reason is EndReason.WALK_AWAY and r.outcome.ended_by is Role.BUYER for r in results])
-    return float(deals), float(walks), float(np.mean([r.outcome.seller_utility for r in results]))
+    return deals, float(walks), float(np.mean([r.outcome.seller_utility for r in results]))
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 import polars as pl
+from nego.market.rates import deal_rate_expr
 from nego.market.transcripts import read_negotiations
 
 
@@ -25,7 +26,7 @@ def groups_by_family(run_dir: Path, phase: int) -> pl.DataFrame:
     per_group = df.group_by("step", "group").agg(
         family=pl.col("buyer").first().str.split(":").list.first(),
         spread=pl.col("reward").max() - pl.col("reward").min(),
-        deal=pl.col("agreed").mean(),
+        deal=deal_rate_expr(),
         reward=pl.col("reward").mean(),
     )
     return (

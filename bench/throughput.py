@@ -177,10 +177,12 @@ def spawn(engine: str, space: str, n: int) -> dict:
 
 
 def summarise(res: dict) -> dict:
+    from nego.market.rates import deal_rate
+
     rows = res["rows"]
     return {
         "rate": res["n"] / res["cpu_s"],
-        "agree": float(np.mean([r["agreed"] for r in rows])),
+        "agree": deal_rate(sum(r["agreed"] for r in rows), len(rows)),
         "us": float(np.mean([r["us"] for r in rows])),
         "ub": float(np.mean([r["ub"] for r in rows])),
         "rss": res["rss_mb"],

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             g, lo, hi = paired_gain(np.array(rb.utility), np.array(rt.utility))
             lines.append(
                 f"| {b} (n={len(rb.utility)}) | {rb.mean_utility:.3f} | {rt.mean_utility:.3f} | "
-                f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
-                f"{rb.deal_rate:.2f} / {rt.deal_rate:.2f} | {np.mean(rb.invalid):.2f} / {np.mean(rt.invalid):.2f} |"
+                f"{g:+.4f} [{lo:+.4f}, {hi:+.4f}] | {rb.deal_rate:.2f} / {rt.deal_rate:.2f} | "
+                f"{rb.invalid_per_episode:.2f} / {rt.invalid_per_episode:.2f} |"
             )
         base_mean = np.mean([res[args.base][b].mean_utility for b in buyers])
         trained_mean = np.mean([res[name][b].mean_utility for b in buyers])

@@ -21,8 +21,10 @@ from nego.market.events import (
     TurnPlayed,
 )
 from nego.market.marketplace import Job
+from nego.market.rates import deal_rate, invalid_per_move, moves
 from nego.market.summary import RunningStats
 from nego.market.types import ActionKind
+from nego.scenarios.scenario import Role
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -41,7 +43,7 @@ class _DayCell:
     deals: int = 0
     utility: float = 0.0
     invalid: int = 0
-    turns: int = 0
+    moves: int = 0
     version: int = 0
 
     def add(self, event: NegotiationEnded) -> None:
@@ -50,15 +52,15 @@ class _DayCell:
         self.deals += o.agreed
         self.utility += o.seller_utility
         self.invalid += o.invalid_seller
-        self.turns += sum(1 for t in event.result.turns if t.role.value == "seller")
+        self.moves += moves(event.result, Role.SELLER)
         self.version = max(self.version, event.job.policy_version or 0)
 
 
 def learning_table(watch: MarketWatch, last: int = 6) -> Table:
-    """The learning sellers' last days (utility, deal rate, invalid moves per turn, policy version) beside the fixed
+    """The learning sellers' last days (utility, deal rate, invalid moves per move, policy version) beside the fixed
     sellers, and each learner's latest update."""
     table = Table(title="Learning seller by day (beside the fixed sellers)", expand=True)
-    for col in ("day", "version", "u_seller", "deal rate", "invalid", "others u", "others deal"):
+    for col in ("day", "version", "u_seller", "deal rate", "invalid per move", "others u", "others deal"):
         table.add_column(col, justify="right")
     days = sorted({d for d, _ in watch.by_day})[-last:]
     for day in days:
@@ -67,10 +69,10 @@ def learning_table(watch: MarketWatch, last: int = 6) -> Table:
             str(day),
             str(mine.version) if mine else "-",
             _fmt(mine.utility / mine.n) if mine else "-",
-            _fmt(mine.deals / mine.n) if mine else "-",
-            f"{mine.invalid / mine.turns:.3f}" if mine and mine.turns else "-",
+            _fmt(deal_rate(mine.deals, mine.n)) if mine else "-",
+            _fmt(invalid_per_move(mine.invalid, mine.moves), ".3f") if mine else "-",
             _fmt(others.utility / others.n) if others else "-",
-            _fmt(others.deals / others.n) if others else "-",
+            _fmt(deal_rate(others.deals, others.n)) if others else "-",
         )
     updates = [
         f"{spec}: version {u.report.policy_version} after day {u.day} ({u.report.updates} update(s), "
@@ -181,13 +183,13 @@ def deal_tape(watch: MarketWatch, title: str = "Recent deals") -> Panel:
     return Panel(ticker, title=f"{title} ({watch.deals} so far, {watch.errors} errors)", height=TICKER + 2)
 
 
-def _fmt(u: float | None) -> str:
-    return "-" if u is None else f"{u:.2f}"
+def _fmt(u: float | None, spec: str = ".2f") -> str:
+    return "-" if u is None else format(u, spec)
 
 
 def stats_table(watch: MarketWatch, title: str = "Sellers") -> Table:
     """Running statistics per seller spec (spec names are never cut)."""
-    headers = ("seller", "n", "deal rate", "mean u_seller", "mean u_buyer", "rounds", "invalid", "errors")
+    headers = ("seller", "n", "deal rate", "mean u_seller", "mean u_buyer", "rounds", "invalid per move", "errors")
     rows = [
         (
             row["spec"],

@@ -27,7 +27,7 @@ CURVES = (
     ("reward", "reward_mean", "green"),
     ("deal rate", "deal_rate", "cyan"),
     ("entropy", "entropy", "magenta"),
-    ("invalid rate", "invalid_rate", "yellow"),
+    ("invalid per move", "invalid_rate", "yellow"),
 )
 
 

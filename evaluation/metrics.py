@@ -12,9 +12,14 @@ group-by. Definitions (``u_s``/``u_b`` seller/buyer utility, ``r_s``/``r_b`` res
   an agreement below either side's reservation; null when the scenario has no zone of agreement.
 - ``optimality_gap``: best-response value against the buyer minus the score (see
   :mod:`nego.evaluation.best_response`); null where the buyer is not a deterministic rule-based agent.
-- ``rounds_to_agreement`` (null without a deal), ``invalid_rate`` (invalid seller attempts over all seller
-  attempts), ``ir_violation`` (an agreement worth less than the seller's own reservation), ``tokens`` and
-  ``cost_usd`` (the seller's).
+- ``rounds_to_agreement`` (null without a deal), ``invalid_rate`` (the seller's invalid moves per seller move in
+  this negotiation, :func:`~nego.market.rates.invalid_per_move`; 0 if the seller made no move), ``ir_violation``
+  (an agreement worth less than the seller's own reservation), ``tokens`` and ``cost_usd`` (the seller's).
+
+The mean of ``deal`` over negotiations is the deal rate (:func:`~nego.market.rates.deal_rate`: deals per
+negotiation). The mean of ``invalid_rate`` weighs every negotiation alike: it is the mean over negotiations of each
+one's invalid moves per move, not the pooled invalid moves per move of ``nego simulate``'s tables and the training log,
+where a long negotiation weighs more.
 
 A negotiation that ended in an error (a backend that kept failing) is not a no-deal: ``error`` is true and every
 outcome metric is null, so means and rates leave it out; its tokens and cost still count.
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from nego.market.rates import invalid_per_move
 from nego.scenarios.analysis import ScenarioAnalysis, analyse
 from nego.scenarios.scenario import Role, Scenario
 
@@ -140,7 +146,7 @@ def compute_metrics(
             continue
         f = facts[r["scenario_hash"]]
         deal, u_s, u_b = bool(r["agreed"]), float(r["seller_utility"]), float(r["buyer_utility"])
-        attempts = r["turns_seller"] or 0
+        invalid = invalid_per_move(r["invalid_seller"] or 0, r["turns_seller"] or 0)
         rows.append(
             {
                 "negotiation_id": r["negotiation_id"],
@@ -151,7 +157,7 @@ def compute_metrics(
                 "nash": normalised_nash(f, deal, u_s, u_b),
                 "optimality_gap": gaps.get(r["negotiation_id"]),
                 "rounds_to_agreement": r["rounds"] if deal else None,
-                "invalid_rate": (r["invalid_seller"] or 0) / attempts if attempts else 0.0,
+                "invalid_rate": 0.0 if invalid is None else invalid,  # no move, no invalid move
                 "ir_violation": deal and u_s < f.reservation_seller - IR_TOLERANCE,
                 **spent,
                 "error": False,

@@ -19,6 +19,7 @@ from pathlib import Path
 import polars as pl
 from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource, Job, Marketplace
+from nego.market.rates import deal_rate_expr
 from nego.market.transcript_rows import results_from_tables
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 
@@ -199,7 +200,7 @@ def _arm_row(group: str, arm: str, frame: pl.DataFrame, mine: pl.DataFrame, resa
         "score": ci.mean,
         "score_low": ci.low,
         "score_high": ci.high,
-        "deal_rate": mine["deal"].mean(),
+        "deal_rate": mine.select(deal_rate_expr(column="deal")).item(),
     }
 
 

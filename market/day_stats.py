@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from .rates import invalid_per_move_of
 from .types import EndReason, Outcome
 
 if TYPE_CHECKING:
@@ -137,8 +138,6 @@ def seller_day_rows(day: int, groups: Sequence[list[Played]], learning: Containe
     rows = []
     for spec, items in by_spec.items():
         ok = [p for p in items if p.result.outcome.end_reason is not EndReason.ERROR]
-        turns = sum(1 for p in ok for t in p.result.turns if t.role.value == "seller")
-        invalid = sum(p.result.outcome.invalid_seller for p in ok)
         learner = spec in learning
         rows.append(
             SellerDayRow(
@@ -148,7 +147,7 @@ def seller_day_rows(day: int, groups: Sequence[list[Played]], learning: Containe
                 deals=sum(p.result.outcome.agreed for p in ok),
                 errors=len(items) - len(ok),
                 mean_seller_utility=float(np.mean([p.result.outcome.seller_utility for p in ok])) if ok else None,
-                invalid_per_turn=invalid / turns if turns else None,
+                invalid_per_turn=invalid_per_move_of(p.result for p in ok),
                 learning=learner,
                 policy_version=items[0].job.policy_version if learner else None,
             )

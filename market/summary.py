@@ -14,6 +14,7 @@ import polars as pl
 from nego.scenarios.scenario import Role
 
 from .events import NegotiationEnded
+from .rates import deal_rate, deal_rate_expr, invalid_moves, invalid_per_move, invalid_per_move_expr, moves
 from .types import EndReason, NegotiationResult
 
 Side = Literal["seller", "buyer"]
@@ -33,15 +34,17 @@ SUMMARY_SCHEMA = pl.Schema(
         "cost_usd": pl.Float64,
     }
 )
-"""One row per spec. ``n`` counts negotiations including errors; ``deal_rate``, the mean utilities and
-``mean_rounds`` are over the ``n - errors`` that did not fail (null if none); ``invalid_rate`` is this side's
-invalid attempts over its attempts; ``tokens`` and ``cost_usd`` are what this side's agents spent."""
+"""One row per spec. ``n`` counts negotiations including errors; ``deal_rate`` (deals per negotiation), the mean
+utilities and ``mean_rounds`` are over the ``n - errors`` that did not fail (null if none); ``invalid_rate`` is this
+side's invalid moves per move (:func:`~nego.market.rates.invalid_per_move`, pooled over all ``n``, the moves made
+before an error included); ``tokens`` and ``cost_usd`` are what this side's agents spent."""
 
 
 def learning_days(negotiations: pl.DataFrame) -> pl.DataFrame:
-    """Per day: each learning seller's negotiations (its rollouts included), deal rate, mean utility, invalid moves
-    per seller turn and the policy version that played, next to the fixed sellers' deal rate and mean utility.
-    Learning sellers are those whose negotiations carry a policy version; empty if there are none."""
+    """Per day: each learning seller's negotiations (its rollouts included), deal rate (per negotiation), mean
+    utility, invalid moves per seller move (``invalid_rate``) and the policy version that played, next to the fixed
+    sellers' deal rate and mean utility, all over the negotiations that did not fail. Learning sellers are those
+    whose negotiations carry a policy version; empty if there are none."""
     latest = negotiations.filter(pl.col("attempt") == pl.col("attempt").max().over("negotiation_id"))
     ok = latest.filter((pl.col("end_reason") != EndReason.ERROR.value) & pl.col("day").is_not_null())
     learning = set(ok.filter(pl.col("policy_version").is_not_null())["seller"].unique().to_list())
@@ -51,7 +54,7 @@ def learning_days(negotiations: pl.DataFrame) -> pl.DataFrame:
         ok.filter(~pl.col("seller").is_in(list(learning)))
         .group_by("day")
         .agg(
-            pl.col("agreed").cast(pl.Float64).mean().alias("others_deal_rate"),
+            deal_rate_expr().alias("others_deal_rate"),
             pl.col("seller_utility").mean().alias("others_utility"),
         )
     )
@@ -60,9 +63,9 @@ def learning_days(negotiations: pl.DataFrame) -> pl.DataFrame:
         .group_by("day", "seller")
         .agg(
             pl.len().alias("n"),
-            pl.col("agreed").cast(pl.Float64).mean().alias("deal_rate"),
+            deal_rate_expr().alias("deal_rate"),
             pl.col("seller_utility").mean().alias("utility"),
-            (pl.col("invalid_seller").sum() / pl.col("turns_seller").sum()).alias("invalid_rate"),
+            invalid_per_move_expr(Role.SELLER).alias("invalid_rate"),
             pl.col("policy_version").max().alias("policy_version"),
         )
     )
@@ -82,18 +85,18 @@ def summarize(negotiations: pl.DataFrame, by: Side = "seller") -> pl.DataFrame:
     out = latest.group_by(by).agg(
         pl.len().alias("n"),
         pl.col("agreed").filter(ok).sum().alias("deals"),
-        over_ok(pl.col("agreed").cast(pl.Float64)).alias("deal_rate"),
+        deal_rate_expr(ok).alias("deal_rate"),
         over_ok(pl.col("seller_utility")).alias("mean_seller_utility"),
         over_ok(pl.col("buyer_utility")).alias("mean_buyer_utility"),
         over_ok(pl.col("rounds").cast(pl.Float64)).alias("mean_rounds"),
-        (pl.col(f"invalid_{by}").sum() / pl.col(f"turns_{by}").sum()).alias("invalid_rate"),
+        invalid_per_move_expr(Role(by)).alias("invalid_rate"),
         (~ok).sum().alias("errors"),
         (pl.col(f"{by}_prompt_tokens") + pl.col(f"{by}_completion_tokens")).sum().alias("tokens"),
         pl.col(f"{by}_cost_usd").sum().alias("cost_usd"),
     )
     out = out.rename({by: "spec"}).with_columns(
         pl.when(pl.col(c).is_nan()).then(None).otherwise(pl.col(c)).alias(c)
-        for c in ("deal_rate", "mean_seller_utility", "mean_buyer_utility", "mean_rounds", "invalid_rate")
+        for c in ("mean_seller_utility", "mean_buyer_utility", "mean_rounds")
     )
     return out.select(pl.col(name).cast(dtype) for name, dtype in SUMMARY_SCHEMA.items()).sort("spec")
 
@@ -107,7 +110,7 @@ class _Totals:
     buyer_utility: float = 0.0
     rounds: int = 0
     invalid: int = 0
-    attempts: int = 0
+    moves: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
 
@@ -125,11 +128,11 @@ class _Totals:
             "spec": spec,
             "n": self.n,
             "deals": self.deals,
-            "deal_rate": mean(self.deals),
+            "deal_rate": deal_rate(self.deals, good),
             "mean_seller_utility": mean(self.seller_utility),
             "mean_buyer_utility": mean(self.buyer_utility),
             "mean_rounds": mean(self.rounds),
-            "invalid_rate": self.invalid / self.attempts if self.attempts else None,
+            "invalid_rate": invalid_per_move(self.invalid, self.moves),
             "errors": self.errors,
             "tokens": self.tokens,
             "cost_usd": self.cost_usd,
@@ -147,8 +150,8 @@ def _contribution(result: NegotiationResult, role: Role) -> _Totals:
         seller_utility=0.0 if failed else o.seller_utility,
         buyer_utility=0.0 if failed else o.buyer_utility,
         rounds=0 if failed else o.rounds,
-        invalid=o.invalid_seller if role is Role.SELLER else o.invalid_buyer,
-        attempts=sum(t.role is role for t in result.turns),
+        invalid=invalid_moves(o, role),
+        moves=moves(result, role),
         tokens=usage.prompt_tokens + usage.completion_tokens,
         cost_usd=usage.cost_usd,
     )

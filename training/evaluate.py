@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job
+from nego.market.rates import deal_rate, invalid_per_negotiation
 from nego.scenarios.scenario import Scenario
 
 from .runner import EpisodeRunner
@@ -20,9 +21,14 @@ from .runner import EpisodeRunner
 DEV_ARM = "dev"
 
 
+def _nan_if_none(rate: float | None) -> float:
+    return float("nan") if rate is None else rate
+
+
 @dataclass(frozen=True, slots=True)
 class BuyerResult:
-    """Per-negotiation results against one buyer, in scenario order (so two models can be paired)."""
+    """Per-negotiation results against one buyer, in scenario order (so two models can be paired). Every negotiation
+    counts in the rates, one that ended in an error as a no-deal."""
 
     buyer: str
     utility: tuple[float, ...]
@@ -35,14 +41,16 @@ class BuyerResult:
 
     @property
     def deal_rate(self) -> float:
-        return float(np.mean(self.agreed))
+        """Deals per negotiation (NaN if none was played)."""
+        return _nan_if_none(deal_rate(sum(self.agreed), len(self.agreed)))
 
     @property
     def invalid_per_episode(self) -> float:
-        return float(np.mean(self.invalid))
+        """Invalid seller moves per negotiation (an episode), not per move (NaN if none was played)."""
+        return _nan_if_none(invalid_per_negotiation(sum(self.invalid), len(self.invalid)))
 
     def summary(self) -> dict[str, float]:
-        """The JSON form the model registry keeps."""
+        """The JSON form the model registry keeps (``invalid_per_episode``: invalid moves per negotiation)."""
         return {
             "utility": round(self.mean_utility, 4),
             "deal_rate": round(self.deal_rate, 4),
@@ -68,11 +76,11 @@ class DevEvaluation:
         return {r.buyer: r.summary() for r in self.buyers}
 
     def line(self) -> str:
-        """The evaluation on one line: utility / deal rate / invalid actions per episode, per buyer."""
+        """The evaluation on one line: utility / deal rate / invalid moves per negotiation, per buyer."""
         cells = [
             f"{r.buyer} {r.mean_utility:.3f} / {r.deal_rate:.2f} / {r.invalid_per_episode:.2f}" for r in self.buyers
         ]
-        return "; ".join(cells) + " (utility / deal rate / invalid per episode)"
+        return "; ".join(cells) + " (utility / deal rate / invalid moves per negotiation)"
 
 
 def dev_jobs(

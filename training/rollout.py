@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from nego.agents.registry import NegotiatorFactory
 from nego.market.marketplace import Job
+from nego.market.rates import deal_rate_of, invalid_per_move_of
 from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
 
@@ -108,7 +109,10 @@ class RolloutStats:
 
     episodes: int = 0
     deal_rate: float = 0.0
+    """Deals per negotiation in the last batch (0 without negotiations)."""
     invalid_rate: float = 0.0
+    """Invalid seller moves per seller move, pooled over the last batch (0 without moves): the training log's
+    ``invalid_rate``."""
     utility: float = 0.0
     seconds: float = 0.0
     tokens: int = 0
@@ -119,11 +123,9 @@ class RolloutStats:
     history: list[dict[str, float]] = field(default_factory=list)
 
     def record(self, rollouts: Sequence[Rollout], seconds: float) -> None:
-        n = max(1, len(rollouts))
-        turns = sum(r.seller_turns for r in rollouts)
         self.episodes = len(rollouts)
-        self.deal_rate = sum(r.result.outcome.agreed for r in rollouts) / n
-        self.invalid_rate = sum(r.result.outcome.invalid_seller for r in rollouts) / max(1, turns)
+        self.deal_rate = deal_rate_of(r.result.outcome for r in rollouts) or 0.0
+        self.invalid_rate = invalid_per_move_of(r.result for r in rollouts) or 0.0
         self.utility = float(np.mean([r.result.outcome.seller_utility for r in rollouts])) if rollouts else 0.0
         self.seconds = seconds
         self.tokens = sum(len(r.trace) for r in rollouts)
