@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nego.agents import NegotiatorFactory
 from nego.agents.model_registry import ModelEntry, nego_home, register
-from nego.agents.registry import NegotiatorFactory
 from nego.agents.threads import set_threads
 from nego.market.events import EventBus
 from nego.market.locks import exclusive_run
@@ -129,7 +129,7 @@ def learner_factory(model: Any, tok: Any, cfg: TrainConfig, spec: str) -> Negoti
     """Negotiators of ``model`` as it is now, sampling at the rollout temperature: what GRPO trains and what the dev
     evaluation measures."""
     if cfg.is_tiny:
-        from nego.agents.compact import CompactFactory, CompactPolicy
+        from nego.agents.compact.protocol import CompactFactory, CompactPolicy
 
         return CompactFactory(spec, CompactPolicy(model, tok), cfg.sampling_temperature)
     from .chat_rollout import ChatFactory, ChatPolicy

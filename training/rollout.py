@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from nego.agents.compact import CompactFactory, CompactPolicy
-from nego.agents.registry import NegotiatorFactory
+from nego.agents import NegotiatorFactory
+from nego.agents.compact.protocol import CompactFactory, CompactPolicy
 from nego.market.marketplace import Job
 from nego.scenarios.generator import generate_scenarios
 from nego.scenarios.scenario import Role, Scenario
