@@ -15,12 +15,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from nego.market.marketplace import NegotiatorFactory
 from nego.market.protocol import Negotiator, run_negotiation
 from nego.market.types import Action, ActionKind, EndReason, NegotiationResult, Observation
 from nego.scenarios.preferences import Preferences
 from nego.scenarios.scenario import Role, Scenario
 
-from .registry import NegotiatorFactory, resolve
+from .registry import resolve
 
 VALID_MOVES_KINDS = frozenset({"rule", "plugin"})
 """Kinds of agents that must never make an invalid move."""

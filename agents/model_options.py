@@ -21,7 +21,7 @@ class ModelOptions:
 
     def settings(self) -> Any:
         """The :class:`nego.agents.model_specs.LLMSettings` these options describe (environment for the rest)."""
-        from nego.agents.backends.limits import PriceTable
+        from nego.agents.llm.backends.limits import PriceTable
         from nego.agents.model_specs import LLMSettings
 
         overrides: dict[str, Any] = {}

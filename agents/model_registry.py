@@ -30,7 +30,7 @@ class RegistryError(RuntimeError):
 class ModelEntry:
     """One registered model.
 
-    ``format`` says how to play it: ``compact`` (the tiny word-level protocol, see ``nego.agents.compact``)
+    ``format`` says how to play it: ``compact`` (the tiny word-level protocol, see ``nego.agents.compact.protocol``)
     or ``hf`` (a chat model driven through its chat template). ``base`` names the model it was trained from
     (empty for a model built from scratch), ``steps`` the optimizer steps of its last training stage and
     ``eval`` a small dev-set evaluation recorded at registration.

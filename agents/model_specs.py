@@ -26,11 +26,11 @@ from typing import Any
 
 from nego.scenarios.scenario import Role
 
-from .backends.base import ChatBackend
-from .backends.limits import PriceTable, RateLimits, RetryPolicy
-from .backends.urls import check_base_url
-from .llm import LLMNegotiator
-from .prompts import DEFAULT_TEMPLATE, PromptTemplate, TemplateError, load_template
+from .llm.backends.base import ChatBackend
+from .llm.backends.limits import PriceTable, RateLimits, RetryPolicy
+from .llm.backends.urls import check_base_url
+from .llm.negotiator import LLMNegotiator
+from .llm.prompts import DEFAULT_TEMPLATE, PromptTemplate, TemplateError, load_template
 
 SIZE_ALIASES: dict[str, str] = {
     "2.3b": "google/gemma-4-E2B-it",
@@ -149,7 +149,7 @@ def _with_template(spec: str, backend: ChatBackend, settings: LLMSettings) -> LL
 
 def _openai_module():
     try:
-        from .backends import openai_backend
+        from .llm.backends import openai_backend
     except ModuleNotFoundError as e:
         raise ModelSpecError(f"the OpenAI backend needs the 'openai' package ({e.name} is missing); "
                              f"{LLM_EXTRA_HINT}") from None  # fmt: skip
@@ -184,7 +184,7 @@ def _anthropic(model: str, settings: LLMSettings) -> LLMFactory:
     if not key and not base_url:
         raise ModelSpecError(f"anthropic:{model} needs an API key: export ANTHROPIC_API_KEY=...")
     try:
-        from .backends.anthropic_backend import AnthropicBackend
+        from .llm.backends.anthropic_backend import AnthropicBackend
     except ModuleNotFoundError as e:
         raise ModelSpecError(f"the Anthropic backend needs the 'anthropic' package ({e.name} is missing); "
                              f"{LLM_EXTRA_HINT}") from None  # fmt: skip
@@ -218,15 +218,15 @@ def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings, where:
 
 
 def _hf(path_or_id: str, settings: LLMSettings, spec: str | None = None) -> LLMFactory:
-    from .backends.base import BackendError
-    from .backends.hf_loading import resolve_source
+    from .llm.backends.base import BackendError
+    from .llm.backends.hf_loading import resolve_source
 
     try:
         resolve_source(path_or_id)  # a missing directory or an unreachable download fails before torch loads
     except BackendError as e:
         raise ModelSpecError(f"hf:{path_or_id}: {e}") from None
     try:
-        from .backends.hf import HFBackend
+        from .llm.backends.hf import HFBackend
     except ModuleNotFoundError as e:
         raise ModelSpecError(f"hf:{path_or_id} needs {e.name}; {TRAIN_EXTRA_HINT}") from None
     try:
@@ -240,7 +240,7 @@ def _hf(path_or_id: str, settings: LLMSettings, spec: str | None = None) -> LLMF
 
 def _remote(url: str):
     try:
-        from .remote import RemoteFactory
+        from .remote.client import RemoteFactory
     except ModuleNotFoundError as e:
         raise ModelSpecError(f"remote:{url} needs {e.name}; reinstall nego") from None
     try:
@@ -260,7 +260,7 @@ def _size_alias(alias: str, settings: LLMSettings) -> LLMFactory:
 
 def _require_gpu(spec: str, model: str, serve: str) -> None:
     """Fail at once, before any download, when a Gemma-sized model would be played in this process without a GPU."""
-    from .backends.hf_loading import gpu_visible
+    from .llm.backends.hf_loading import gpu_visible
 
     if not gpu_visible():
         raise ModelSpecError(
@@ -290,7 +290,7 @@ def _registered(name: str, settings: LLMSettings):
         return None
     if entry.format == "compact":
         try:
-            from .compact import make_factory
+            from .compact.protocol import make_factory
         except ModuleNotFoundError as e:
             raise ModelSpecError(f"model {name!r} needs {e.name}; {TRAIN_EXTRA_HINT}") from None
         try:

@@ -38,7 +38,7 @@ from nego.market.protocol import Negotiator, NegotiatorError
 from nego.market.types import Action, Observation
 from nego.scenarios.scenario import Role, Scenario
 
-from .registry import ParamValue, UnknownSpecError, _parse_params
+from .params import ParamValue, UnknownSpecError, parse_params
 from .secrets import Scrubber
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ def _agent_factory(spec: str, name: str, path: str, label: str, target: object, 
     if problem:
         raise UnknownSpecError(f"{where}: {problem}")
     params: dict[str, ParamValue] = {}
-    for key, raw in (_parse_params(spec, text) if text is not None else {}).items():
+    for key, raw in (parse_params(spec, text) if text is not None else {}).items():
         try:
             params[key] = parse_value(raw)
         except PluginError as e:

@@ -1,10 +1,10 @@
 """Negotiator specs: turn a string such as ``"boulware"`` or ``"walker:k=4"`` into a negotiator factory.
 
-Rule-based families live here; ``py:MODULE:ATTR`` specs and agents that other packages declare in the entry-point
-group ``nego.agents`` are resolved by ``nego.agents.plugins``; any other spec (``openai:...``, ``4.5b-rl``, ...) is
-handed to ``nego.agents.model_specs.resolve_model_spec`` when that module is installed. Built-in specs come first:
-entry points are read only for a name nothing built in takes. Specs are checked completely in :func:`resolve`, so a
-typo fails before a market starts.
+Rule-based families (their strategies live in ``nego.agents.rules``) are named here; ``py:MODULE:ATTR`` specs and
+agents that other packages declare in the entry-point group ``nego.agents`` are resolved by ``nego.agents.plugins``;
+any other spec (``openai:...``, ``4.5b-rl``, ...) is handed to ``nego.agents.model_specs.resolve_model_spec`` when
+that module is installed. Built-in specs come first: entry points are read only for a name nothing built in takes.
+Specs are checked completely in :func:`resolve`, so a typo fails before a market starts.
 
 Spec syntax: ``name`` or ``name:key=value,key2=value2``.
 """
@@ -16,40 +16,24 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
+from nego.market.marketplace import NegotiatorFactory
 from nego.market.protocol import Negotiator
 from nego.scenarios.scenario import Role
 
-from .deadline import Deadline
-from .hazard import Hazard
-from .heldout import Picky, Walker
-from .outside import OutsideOption
-from .reciprocal import Reciprocal
-from .rulebase import Clock
-from .simple import Hardliner, RandomValid
-from .tft import TitForTat
-from .timedep import TimeDependent
+from .params import ParamValue, UnknownSpecError, parse_params
+from .rules.base import Clock
+from .rules.deadline import Deadline
+from .rules.hazard import Hazard
+from .rules.heldout import Picky, Walker
+from .rules.outside import OutsideOption
+from .rules.reciprocal import Reciprocal
+from .rules.simple import Hardliner, RandomValid
+from .rules.tft import TitForTat
+from .rules.timedep import TimeDependent
 
 MODEL_SPECS_MODULE = "nego.agents.model_specs"
 PY_SPEC_FORM = "py:<module>:<attr>"
-
-ParamValue = float | int | str
-
-
-@runtime_checkable
-class NegotiatorFactory(Protocol):
-    """Builds one negotiator per negotiation. ``spec`` is canonical; ``kind`` groups factories for concurrency caps
-    ("rule" for rule-based ones)."""
-
-    spec: str
-    kind: str
-
-    def __call__(self, role: Role, seed: int) -> Negotiator: ...
-
-
-class UnknownSpecError(ValueError):
-    """A spec that names no known negotiator, or names one with a bad parameter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,23 +156,11 @@ def _parse_value(spec: str, key: str, raw: str, param: _Param) -> ParamValue:
     return value
 
 
-def _parse_params(spec: str, text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in text.split(","):
-        key, eq, raw = (s.strip() for s in part.partition("="))
-        if not eq or not key or not raw:
-            raise UnknownSpecError(f"{spec!r}: parameters must look like name:key=value,key2=value2; got {part!r}")
-        if key in out:
-            raise UnknownSpecError(f"{spec!r}: parameter {key!r} given twice")
-        out[key] = raw
-    return out
-
-
 def _resolve_rule(spec: str, name: str, text: str | None) -> RuleFactory:
     family_name, values = _ALIASES.get(name, (name, {}))
     family = _FAMILIES[family_name]
     values = {k: p.default for k, p in family.params.items() if p.default is not None} | values
-    for key, raw in (_parse_params(spec, text) if text is not None else {}).items():
+    for key, raw in (parse_params(spec, text) if text is not None else {}).items():
         if key not in family.params:
             allowed = ", ".join(family.params) or "none"
             raise UnknownSpecError(f"{spec!r}: unknown parameter {key!r} for {name}; allowed: {allowed}")

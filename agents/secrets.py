@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from nego.market.types import Action
 
-from .backends.base import ChatResponse, ToolCall
+from .llm.backends.base import ChatResponse, ToolCall
 
 SECRET_ENV_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "VLLM_API_KEY", "NEGO_AGENT_TOKEN", "HF_TOKEN")
 """The environment variables nego (or a library it drives) reads credentials from."""

@@ -116,7 +116,7 @@ def build_model(path: Path, prompts: list[str], shape: Shape) -> int:
 
 
 def sample_prompts(scenarios, template_name: str) -> list[str]:
-    from nego.agents.prompts import load_template
+    from nego.agents.llm.prompts import load_template
     from nego.market.types import Observation
     from nego.scenarios.scenario import Role
 
@@ -130,7 +130,7 @@ def sample_prompts(scenarios, template_name: str) -> list[str]:
 
 
 async def play(backend, scenarios, max_tokens: int, template: str):
-    from nego.agents.llm import LLMNegotiator
+    from nego.agents.llm.negotiator import LLMNegotiator
     from nego.agents.registry import resolve
     from nego.market.protocol import ProtocolConfig, run_negotiation
     from nego.scenarios.scenario import Role
@@ -158,7 +158,7 @@ async def play(backend, scenarios, max_tokens: int, template: str):
 
 
 def arm(path: Path, scenarios, max_batch: int, max_tokens: int, split: bool, template: str) -> dict:
-    from nego.agents.backends.hf import HFBackend
+    from nego.agents.llm.backends.hf import HFBackend
 
     backend = HFBackend.from_spec(str(path), device="cpu", max_batch=max_batch, split_prefill=split)
     cpu = time.process_time()
@@ -234,7 +234,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
+    from nego.agents.llm.prompts import DEFAULT_TEMPLATE, load_template
     from nego.scenarios.generator import generate_scenarios
 
     args.threads = args.threads or os.cpu_count() or 1

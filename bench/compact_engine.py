@@ -1,6 +1,6 @@
-"""The tiny compact seller's decoding: its own hand-written loop (``nego.agents.compact.generate_turns``) against the
-in-process generation engine that chat models use (``nego.agents.backends.hf_engine.GenerationEngine``, both of its
-paths), on the same model and the same work.
+"""The tiny compact seller's decoding: its own hand-written loop (``nego.agents.compact.protocol.generate_turns``)
+against the in-process generation engine that chat models use (``nego.agents.llm.backends.hf_engine.GenerationEngine``,
+both of its paths), on the same model and the same work.
 
 Workload: the rollouts of one GRPO step of the default ``nego train`` run. The tiny model (word vocabulary, the
 1.65M-parameter Qwen2 shape) is built from scratch; 64 negotiations (8 scenarios x groups of 8) each take 8 turns;
@@ -44,7 +44,7 @@ def workload(vocab: int, seed: int) -> tuple[list[list[int]], list[list[list[int
 def run_loop(model, starts, env, pad_id: int, never: int) -> tuple[float, list[list[int]]]:
     """The compact protocol's own loop: every turn re-reads each context in one padded forward pass."""
     import torch
-    from nego.agents.compact import _Request, generate_turns
+    from nego.agents.compact.protocol import _Request, generate_turns
 
     contexts = [list(s) for s in starts]
     gens = [torch.Generator().manual_seed(i) for i in range(ROWS)]
@@ -59,7 +59,7 @@ def run_loop(model, starts, env, pad_id: int, never: int) -> tuple[float, list[l
 def run_engine(model, starts, env, pad_id: int, split: bool, never: int) -> tuple[float, list[list[int]], dict]:
     """The chat models' engine: the read-alone, decode-together path (reusing earlier turns' prompt states) or one
     left-padded ``generate`` call per turn."""
-    from nego.agents.backends.hf_engine import GenerationEngine, Row
+    from nego.agents.llm.backends.hf_engine import GenerationEngine, Row
 
     engine = GenerationEngine(model, eos_ids=(never,), pad_id=pad_id, split_prefill=split, prefill_chunk=16)
     contexts = [list(s) for s in starts]

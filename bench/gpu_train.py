@@ -239,9 +239,9 @@ def vllm_serves(config_class: str) -> bool:
 def worst_case_episode(tok, max_rounds: int) -> int:
     """Tokens after the prompt when every seller attempt is an unparseable reply of the full reply length: rounds x
     attempts x (reply + EOS + the feedback message that follows it)."""
-    from nego.agents.chat_layout import CHAT_TEMPLATE
-    from nego.agents.parsing import parse_text
-    from nego.agents.prompts import load_template
+    from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+    from nego.agents.llm.parsing import parse_text
+    from nego.agents.llm.prompts import load_template
     from nego.market.protocol import ProtocolConfig
     from nego.market.types import ActionKind, Observation, Offer, PublicMove
     from nego.scenarios.scenario import Role

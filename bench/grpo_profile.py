@@ -71,12 +71,15 @@ def _any(*preds: Callable[[Key], bool]) -> Callable[[Key], bool]:
 
 
 ROLLOUT = _fn("training/rollout.py", "__call__")
-GENERATION = _fn("agents/compact_decode.py", "generate_turns")
-SAMPLING = _fn("agents/compact_decode.py", "step")
+GENERATION = _fn("agents/compact/decode.py", "generate_turns")
+SAMPLING = _fn("agents/compact/decode.py", "step")
 ROLLOUT_PARTS = [
     ("sampling (per-row draws, log-probs)", SAMPLING),
-    ("compact words (trace, parse, ids)", _fn("agents/compact.py", *COMPACT_WORDS)),
-    ("buyers (rule agents)", lambda k: k[2] == "act" and "/agents/" in k[0] and not k[0].endswith("compact.py")),
+    ("compact words (trace, parse, ids)", _fn("agents/compact/protocol.py", *COMPACT_WORDS)),
+    (
+        "buyers (rule agents)",
+        lambda k: k[2] == "act" and "/agents/" in k[0] and not k[0].endswith("compact/protocol.py"),
+    ),
     ("transcripts (Parquet)", _any(_in("market/transcripts.py"), _in("market/transcript_rows.py"))),
 ]
 TRL_PARTS = [
@@ -177,7 +180,7 @@ class Measured:
 
 
 def rollout_cls(path: str, seen: Measured):
-    from nego.agents.compact import CompactFactory, CompactPolicy
+    from nego.agents.compact.protocol import CompactFactory, CompactPolicy
     from nego.training.rollout import MarketRollout
 
     class BenchRollout(MarketRollout):

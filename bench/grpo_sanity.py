@@ -61,7 +61,7 @@ def summarize(lr: float, arm: Any) -> tuple[list[str], bool]:
 def sampled_vs_greedy(run_dir: str, n: int, repeats: int, buyers: tuple[str, ...]) -> list[str]:
     """Paired dev-split utility of ``run_dir/final`` minus ``run_dir/base``: greedy (what the evaluations report)
     and sampled at temperature 1 (what GRPO optimizes), with normal-approximation 95% intervals."""
-    from nego.agents.compact import CompactFactory, CompactPolicy
+    from nego.agents.compact.protocol import CompactFactory, CompactPolicy
     from nego.market.marketplace import Job
     from nego.training.rollout import split_scenarios
     from nego.training.runner import EpisodeRunner

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import openai
-from nego.agents.backends.limits import RateLimits
+from nego.agents.llm.backends.limits import RateLimits
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
 from nego.market.marketplace import Job, Marketplace
 from nego.market.types import EndReason

@@ -16,8 +16,8 @@ import json
 import time
 from collections.abc import Callable
 
-from nego.agents.backends.base import ChatResponse, ToolCall
-from nego.agents.parsing import parse_response
+from nego.agents.llm.backends.base import ChatResponse, ToolCall
+from nego.agents.llm.parsing import parse_response
 from nego.scenarios.issues import Issue, IssueKind
 
 ISSUES = (

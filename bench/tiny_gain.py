@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from nego.agents.compact import CompactFactory, CompactPolicy
+    from nego.agents.compact.protocol import CompactFactory, CompactPolicy
     from nego.agents.model_registry import lookup
     from nego.training.evaluate import evaluate
     from nego.training.rollout import split_scenarios

@@ -29,7 +29,7 @@ import numpy as np
 
 
 def bare_rollout_cls():
-    from nego.agents.compact import CompactNegotiator, CompactPolicy
+    from nego.agents.compact.protocol import CompactNegotiator, CompactPolicy
     from nego.agents.registry import resolve
     from nego.market.marketplace import child_seeds
     from nego.market.protocol import run_negotiation

@@ -34,7 +34,7 @@ def models(
     console = Console()
     try:
         if serve is not None:
-            from nego.agents.serving import vllm_serve_command
+            from nego.agents.llm.serving import vllm_serve_command
 
             entry = lookup(serve)
             if entry is None:

@@ -36,7 +36,7 @@ async def run_server(
 ) -> None:
     """Serve ``factory`` until ``stop`` is set (or SIGINT/SIGTERM arrives); ``on_ready`` gets the bound URL and
     ``on_warning`` each warning about the bind address and the token (see ``bind_warnings``)."""
-    from nego.agents.server import bind_warnings, make_app, start
+    from nego.agents.remote.server import bind_warnings, make_app, start
 
     app = make_app(
         factory,
@@ -96,7 +96,7 @@ def serve_agent(
 ) -> None:
     """Serve a negotiator over HTTP; a market elsewhere plays it as ``remote:http://HOST:PORT``."""
     from nego.agents.registry import resolve
-    from nego.agents.server import check_token
+    from nego.agents.remote.server import check_token
 
     try:
         settings = ModelOptions(base_url, template, tools, prices, temperature, max_tokens).settings()

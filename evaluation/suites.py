@@ -22,7 +22,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from nego.agents.heldout import HELD_OUT_FAMILIES
+from nego.agents.rules.heldout import HELD_OUT_FAMILIES
 from nego.scenarios.catalog import CATEGORIES
 from nego.scenarios.generator import generate_scenario
 from nego.scenarios.io import scenario_from_dict, scenario_to_dict

@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
 
 
+@runtime_checkable
 class NegotiatorFactory(Protocol):
-    """Builds negotiators of one spec. ``kind`` names the backend family whose concurrency is capped together."""
+    """Builds one negotiator per negotiation of one spec: the marketplace, the spec registry and the agent server all
+    take this. ``spec`` is canonical; ``kind`` names the backend family whose concurrency is capped together ("rule"
+    for rule-based ones)."""
 
     spec: str
     kind: str

@@ -1,15 +1,15 @@
 """Chat-format rollouts for real (Hugging Face) models: one token sequence per negotiation, laid out exactly as the
 model is played.
 
-A learning seller is an :class:`~nego.agents.llm.LLMNegotiator` (the negotiator that plays a registered chat model)
-with a conversation template (:data:`~nego.agents.chat_layout.CHAT_TEMPLATE`) whose backend, a :class:`TraceBackend`
-of its own, records the episode's tokens while it generates through the policy's shared generator: the in-process
-engine (:class:`~nego.agents.backends.hf.HFBackend` around the model being trained) or TRL's vLLM
+A learning seller is an :class:`~nego.agents.llm.negotiator.LLMNegotiator` (the negotiator that plays a registered chat
+model) with a conversation template (:data:`~nego.agents.llm.chat_layout.CHAT_TEMPLATE`) whose backend, a
+:class:`TraceBackend` of its own, records the episode's tokens while it generates through the policy's shared generator:
+the in-process engine (:class:`~nego.agents.llm.backends.hf.HFBackend` around the model being trained) or TRL's vLLM
 (:class:`~nego.training.vllm_turns.VLLMTurns`).
 
 Every turn the negotiator sends the whole conversation so far; the trace backend renders it with the model's chat
-template (:func:`~nego.agents.backends.hf.chat_ids`, as the in-process backend does when serving) and checks that the
-rendering extends the sequence recorded so far (the template must be prefix-preserving). The ids the rendering adds
+template (:func:`~nego.agents.llm.backends.hf.chat_ids`, as the in-process backend does when serving) and checks that
+the rendering extends the sequence recorded so far (the template must be prefix-preserving). The ids the rendering adds
 after the last prompt begin with the model's previous reply as the template writes it: as long as they equal the
 ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
 difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nego.agents.backends.base import ChatMessage, ChatRequest, ChatResponse
-from nego.agents.backends.hf import chat_ids, reply_text
-from nego.agents.backends.hf_engine import Generated, end_ids
-from nego.agents.chat_layout import CHAT_TEMPLATE
-from nego.agents.llm import LLMNegotiator
-from nego.agents.prompts import load_template
+from nego.agents.llm.backends.base import ChatMessage, ChatRequest, ChatResponse
+from nego.agents.llm.backends.hf import chat_ids, reply_text
+from nego.agents.llm.backends.hf_engine import Generated, end_ids
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.negotiator import LLMNegotiator
+from nego.agents.llm.prompts import load_template
 from nego.agents.trace import TokenTrace
 from nego.market.types import NegotiationResult, Usage
 from nego.scenarios.scenario import Role
@@ -166,7 +166,7 @@ class ChatPolicy:
 
             self.generator = VLLMTurns(vllm, max_new=max_new, eos_ids=self.eos_ids, lockstep=lockstep)
         else:
-            from nego.agents.backends.hf import HFBackend
+            from nego.agents.llm.backends.hf import HFBackend
 
             # built for this policy version: the prompt states it stores belong to these weights
             self.generator = HFBackend(model, tokenizer, name="policy", max_batch=max_rows)

@@ -34,10 +34,10 @@ LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
 # tit-for-tat, and four families that make stalling cost the seller (a reciprocating buyer that hardens when the
 # seller does not move, a buyer with a private outside option that leaves when the seller's trend will not reach it,
 # a stochastic quitter whose hazard rises while the seller stalls, a buyer with a private deadline). None of them is
-# a held-out family (agents.heldout.HELD_OUT_FAMILIES): the validation below refuses those. An entry listed k times
-# is drawn k times as often: the reciprocating buyer five times and the outside option twice, so that 9 of 12 draws
-# punish a stall (chosen on the dev split: with each entry once, GRPO learned to stall the reciprocating dev buyer
-# into no deal; bench/results/tiny_robust_eval.txt, arms B and C).
+# a held-out family (agents.rules.heldout.HELD_OUT_FAMILIES): the validation below refuses those. An entry listed k
+# times is drawn k times as often: the reciprocating buyer five times and the outside option twice, so that 9 of 12
+# draws punish a stall (chosen on the dev split: with each entry once, GRPO learned to stall the reciprocating dev
+# buyer into no deal; bench/results/tiny_robust_eval.txt, arms B and C).
 DEFAULT_TRAIN_BUYERS = (
     "timedep:e=0.3..3,patience=0.4..1",
     "timedep:e=0.3..3,margin=0..0.15",

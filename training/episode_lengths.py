@@ -2,7 +2,7 @@
 against the training buyer pool, and each seller's side is rendered as the token sequence the chat rollout builds.
 
 The layout is the chat rollout's own (``training/chat_rollout.py``): at every turn the conversation of the
-conversation template (:func:`~nego.agents.chat_layout.chat_messages`) is rendered through the model's chat
+conversation template (:func:`~nego.agents.llm.chat_layout.chat_messages`) is rendered through the model's chat
 template, and each reply, its text followed by EOS, is recorded by the same :class:`~.chat_rollout.ChatTrace`. Rule
 sellers reply with the bare JSON action block the parser understands (a model usually writes a message and some
 prose too, which the margin of the episode cap is for).
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from nego.agents.backends.hf import chat_ids
-from nego.agents.backends.hf_engine import Generated
-from nego.agents.chat_layout import CHAT_TEMPLATE, Exchange, chat_messages
-from nego.agents.parsing import action_to_json, read_envelope
-from nego.agents.prompts import load_template
+from nego.agents.llm.backends.hf import chat_ids
+from nego.agents.llm.backends.hf_engine import Generated
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE, Exchange, chat_messages
+from nego.agents.llm.parsing import action_to_json, read_envelope
+from nego.agents.llm.prompts import load_template
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, run_jobs
 from nego.market.types import Action, ActionKind, NegotiationResult, Observation, PublicMove, Turn

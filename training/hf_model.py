@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from nego.agents.backends.base import BackendError
-from nego.agents.backends.hf_loading import gpu_visible, resolve_source
+from nego.agents.llm.backends.base import BackendError
+from nego.agents.llm.backends.hf_loading import gpu_visible, resolve_source
 
 from .config import GEMMA_SIZES, ConfigError, TrainConfig
 

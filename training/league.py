@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nego.agents.compact import CompactFactory, CompactPolicy
+from nego.agents.compact.protocol import CompactFactory, CompactPolicy
 
 LEAGUE = "league"
 _EVERY = re.compile(r"\s*every\s*=\s*(\d+)\s*")

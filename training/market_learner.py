@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from nego.agents import NegotiatorFactory
 from nego.agents.model_registry import ModelEntry, lookup, register
-from nego.agents.registry import NegotiatorFactory
 from nego.agents.trace import TokenTrace
 from nego.market.learning import LearningGroup, LearnReport
 from nego.market.marketplace import Job

@@ -14,7 +14,7 @@ byte counts then follow from how this stack trains:
 - training activations of one micro-batch with gradient checkpointing: the hidden state saved at every layer
   boundary, the per-layer embedding inputs, one layer's recomputed activations and their gradients, and the
   micro-batch's logits over the vocabulary in fp32 (an upper bound: TRL 1.16 scores log-probs in tiles);
-- rollouts through transformers (``agents.backends.hf_engine``): each row's key-value cache (sliding-window
+- rollouts through transformers (``agents.llm.backends.hf_engine``): each row's key-value cache (sliding-window
   layers keep at most the window), the prefill's logits for every position of every row in bf16 plus the
   soft-capped copy (an upper bound: the engine asks for the last position's logits where the model takes
   ``logits_to_keep``), and one layer's prefill activations. Gradients are freed between steps; weights and optimizer

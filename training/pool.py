@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from nego.agents.heldout import HELD_OUT_FAMILIES
-from nego.agents.registry import NegotiatorFactory, resolve, rule_family
+from nego.agents import NegotiatorFactory
+from nego.agents.registry import resolve, rule_family
+from nego.agents.rules.heldout import HELD_OUT_FAMILIES
 
 _RANGE = re.compile(r"(?P<key>[A-Za-z_]+)=(?P<lo>-?[0-9.]+)\.\.(?P<hi>-?[0-9.]+)")
 

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nego.agents.registry import NegotiatorFactory, resolve
+from nego.agents import NegotiatorFactory
+from nego.agents.registry import resolve
 from nego.agents.trace import TokenTrace
 from nego.market.marketplace import Job, Marketplace, Played, Scorer
 from nego.market.types import EndReason, NegotiationResult

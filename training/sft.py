@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from nego.agents.compact import CompactTrace, action_words, parse_action
+from nego.agents.compact.protocol import CompactTrace, action_words, parse_action
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job
 from nego.market.protocol import Negotiator

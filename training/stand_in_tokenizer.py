@@ -34,8 +34,8 @@ GEMMA_STYLE_TEMPLATE = (
 def negotiation_corpus(n_scenarios: int = 24, seed_split: str = "dev") -> list[str]:
     """Texts a chat seller reads and writes: first prompts (system and user messages) of generated scenarios, for
     both openers, and JSON action replies with their values."""
-    from nego.agents.parsing import action_to_json
-    from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
+    from nego.agents.llm.parsing import action_to_json
+    from nego.agents.llm.prompts import DEFAULT_TEMPLATE, load_template
     from nego.market.types import Action, Observation, Offer
     from nego.scenarios.scenario import Role
 

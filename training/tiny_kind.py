@@ -1,5 +1,5 @@
 """The tiny compact policy: a few-million-parameter model built from scratch, behaviour-cloned on rule sellers, played
-through the compact word protocol (:mod:`nego.agents.compact`) on a CPU."""
+through the compact word protocol (:mod:`nego.agents.compact.protocol`) on a CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .policy_kind import Echo, Start
 
 if TYPE_CHECKING:
-    from nego.agents.compact import CompactFactory
+    from nego.agents.compact.protocol import CompactFactory
 
     from .config import TrainConfig
     from .runner import EpisodeRunner
@@ -30,7 +30,7 @@ class CompactRollout:
     tokenizer: Any
 
     def factory(self, spec: str, model: Any, trainer: Any) -> CompactFactory:
-        from nego.agents.compact import CompactFactory, CompactPolicy
+        from nego.agents.compact.protocol import CompactFactory, CompactPolicy
 
         return CompactFactory(spec, CompactPolicy(model, self.tokenizer), float(trainer.temperature))
 
@@ -75,7 +75,7 @@ class TinyKind:
         return Start(cfg, model, tok, str((run_dir / "base").resolve()), cfg.sft_steps)
 
     def factory(self, model: Any, tokenizer: Any, cfg: TrainConfig, spec: str) -> CompactFactory:
-        from nego.agents.compact import CompactFactory, CompactPolicy
+        from nego.agents.compact.protocol import CompactFactory, CompactPolicy
 
         return CompactFactory(spec, CompactPolicy(model, tokenizer), cfg.sampling_temperature)
 

@@ -1,6 +1,6 @@
 """The compact protocol's fixed word-level tokenizer, saved as a ``PreTrainedTokenizerFast``.
 
-Every word of :func:`nego.agents.compact.vocabulary` is one token; nothing is learned from data, so any
+Every word of :func:`nego.agents.compact.protocol.vocabulary` is one token; nothing is learned from data, so any
 generated scenario (any number of issues up to the weight tokens, any issue kind) is expressible and the
 tokenizer loads back through the normal transformers path.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nego.agents.compact import BOS, EOS, PAD, UNK, vocabulary
+from nego.agents.compact.protocol import BOS, EOS, PAD, UNK, vocabulary
 
 
 def build_tokenizer() -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from nego.agents.timedep import TimeDependent
+from nego.agents.rules.timedep import TimeDependent
 from nego.market.learning import LearningGroup, LearnReport
 from nego.market.marketplace import Job
 from nego.market.types import Action, EndReason, NegotiationResult, Observation

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nego.agents.backends.base import BackendError
-from nego.agents.backends.batching import Batcher
-from nego.agents.backends.hf_engine import Generated
+from nego.agents.llm.backends.base import BackendError
+from nego.agents.llm.backends.batching import Batcher
+from nego.agents.llm.backends.hf_engine import Generated
 
 
 class Lockstep:
@@ -71,10 +71,10 @@ class _Turn:
 
 
 class VLLMTurns:
-    """Generates chat turns of at most ``max_new`` tokens through TRL's ``VLLMGeneration``; negotiations waiting at
-    the same time share a call. ``generate`` has the signature of :meth:`nego.agents.backends.hf.HFBackend.generate`;
-    a request may ask for fewer tokens, never more, and sampling (temperature, seeds) is the trainer's own: every
-    call of every process uses the same settings, since in server mode the main process's apply to all."""
+    """Generates chat turns of at most ``max_new`` tokens through TRL's ``VLLMGeneration``; negotiations waiting at the
+    same time share a call. ``generate`` has the signature of :meth:`nego.agents.llm.backends.hf.HFBackend.generate`; a
+    request may ask for fewer tokens, never more, and sampling (temperature, seeds) is the trainer's own: every call of
+    every process uses the same settings, since in server mode the main process's apply to all."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from nego.market.types import Action, Observation
 from nego.scenarios.scenario import Role
 
 from ..conftest import make_widget_scenario
-from .test_rules import random_scenario
+from .rules.test_rules import random_scenario
 
 BUILT_IN = [s.replace("<e>", "0.5") for s in rule_specs()] + ["timedep:e=2,margin=0.1,patience=0.4"]
 

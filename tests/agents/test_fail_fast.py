@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import huggingface_hub
 import pytest
-from nego.agents.backends import hf_loading
-from nego.agents.backends.base import BackendError
+from nego.agents.llm.backends import hf_loading
+from nego.agents.llm.backends.base import BackendError
 from nego.agents.model_registry import ModelEntry, register
 from nego.agents.model_specs import LLMSettings, ModelSpecError, resolve_model_spec
 from nego.training.config import ConfigError, TrainConfig

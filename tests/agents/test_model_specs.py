@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from nego.agents.backends import hf
-from nego.agents.llm import LLMNegotiator
+from nego.agents.llm.backends import hf
+from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.model_registry import ModelEntry, register
 from nego.agents.model_specs import LLMSettings, ModelSpecError, resolve_model_spec
 from nego.agents.registry import resolve
@@ -59,7 +59,7 @@ def test_vllm_specs_and_size_aliases(monkeypatch):
 
 
 def test_size_alias_without_a_server_loads_in_process(monkeypatch):
-    from nego.agents.backends import hf_loading
+    from nego.agents.llm.backends import hf_loading
 
     loaded = []
 
@@ -113,7 +113,7 @@ def test_resolving_specs_imports_no_sdk_until_one_is_needed():
     import sys
 
     code = (
-        "import sys; from nego.agents.model_specs import resolve_model_spec; import nego.agents.llm; "
+        "import sys; from nego.agents.model_specs import resolve_model_spec; import nego.agents.llm.negotiator; "
         "assert resolve_model_spec('boulware') is None and resolve_model_spec('remote:http://h:1') is not None; "
         "heavy = [m for m in ('openai', 'anthropic', 'torch', 'transformers') if m in sys.modules]; "
         "assert not heavy, heavy"
@@ -126,12 +126,12 @@ def test_resolving_specs_imports_no_sdk_until_one_is_needed():
 def test_a_missing_sdk_fails_at_resolution_with_the_install_hint(monkeypatch, spec, sdk, module):
     import sys
 
-    import nego.agents.backends as backends
+    import nego.agents.llm.backends as backends
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     monkeypatch.setitem(sys.modules, sdk, None)  # as if the SDK were not installed
-    monkeypatch.delitem(sys.modules, f"nego.agents.backends.{module}", raising=False)
+    monkeypatch.delitem(sys.modules, f"nego.agents.llm.backends.{module}", raising=False)
     monkeypatch.delattr(backends, module, raising=False)
     with pytest.raises(ModelSpecError, match=rf"needs the '{sdk}' package.*pip install 'nego\[llm\]'"):
         resolve_model_spec(spec)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 from nego.agents.registry import UnknownSpecError, known_specs, resolve, rule_spec_help
-from nego.agents.timedep import TimeDependent
+from nego.agents.rules.timedep import TimeDependent
 from nego.scenarios.scenario import Role
 
 

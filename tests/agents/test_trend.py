@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from nego.agents.chat_layout import CHAT_TEMPLATE
-from nego.agents.compact import MOVES, CompactTrace
-from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
+from nego.agents.compact.protocol import MOVES, CompactTrace
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.prompts import DEFAULT_TEMPLATE, load_template
 from nego.agents.trend import MOVE_NAMES, conceded, move_class, opponent_utilities, trend_sentence
 from nego.market.types import ActionKind, Observation, Offer, PublicMove
 from nego.scenarios.scenario import Role

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from nego.agents.parsing import action_to_json, action_to_tool_call
+from nego.agents.llm.parsing import action_to_json, action_to_tool_call
 from nego.market.types import Action, ActionKind
 
 Brain = Callable[[list[dict[str, Any]]], Action]

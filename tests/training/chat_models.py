@@ -21,8 +21,8 @@ message trimmed, ``<end_of_turn>`` closing a turn (the tokenizer's EOS) and a ge
 
 def corpus() -> list[str]:
     """Texts a chat seller reads and writes: first prompts of the chat template and JSON replies."""
-    from nego.agents.chat_layout import CHAT_TEMPLATE
-    from nego.agents.prompts import load_template
+    from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+    from nego.agents.llm.prompts import load_template
     from nego.market.types import Observation
     from nego.scenarios.generator import generate_scenarios
     from nego.scenarios.scenario import Role

@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from nego.agents.backends.base import ChatMessage
-from nego.agents.backends.hf import HFBackend, chat_ids
-from nego.agents.backends.hf_engine import Generated
-from nego.agents.backends.limits import RetryPolicy
-from nego.agents.backends.openai_backend import OpenAIBackend
-from nego.agents.chat_layout import CHAT_TEMPLATE
-from nego.agents.llm import LLMNegotiator
+from nego.agents.llm.backends.base import ChatMessage
+from nego.agents.llm.backends.hf import HFBackend, chat_ids
+from nego.agents.llm.backends.hf_engine import Generated
+from nego.agents.llm.backends.limits import RetryPolicy
+from nego.agents.llm.backends.openai_backend import OpenAIBackend
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.registry import resolve
 from nego.market.protocol import ProtocolConfig, run_negotiation
 from nego.market.types import NegotiationResult

@@ -8,10 +8,10 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from nego.agents.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.prompts import DEFAULT_TEMPLATE, load_template
 from nego.agents.model_registry import lookup, register
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
-from nego.agents.prompts import DEFAULT_TEMPLATE, load_template
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job
 from nego.market.protocol import run_negotiation
@@ -136,7 +136,7 @@ def test_grpo_steps_on_a_chat_model_register_hf_entries(tmp_path, monkeypatch):
     assert played.prompt_id.startswith("negotiator-v1:") and played.settings.temperature == cfg.sampling_temperature
     assert resolve_model_spec("old-rl", LLMSettings(temperature=0.0)).settings.temperature == 0.0
     mine = tmp_path / "mine.txt"
-    mine.write_text((resources.files("nego.agents") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())
+    mine.write_text((resources.files("nego.agents.llm") / "prompts" / f"{DEFAULT_TEMPLATE}.txt").read_text())
     assert resolve_model_spec("old-rl", LLMSettings(template=str(mine))).prompt_id.startswith("mine:")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nego.agents.backends.hf_engine import Generated
+from nego.agents.llm.backends.hf_engine import Generated
 from nego.training.chat_rollout import ChatTrace, TemplateError
 
 IDS = st.lists(st.integers(0, 9), max_size=8)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nego.agents.compact import EOT, action_words, header_words, level_offer, offer_levels, parse_action, vocabulary
+from nego.agents.compact.protocol import (
+    EOT,
+    action_words,
+    header_words,
+    level_offer,
+    offer_levels,
+    parse_action,
+    vocabulary,
+)
 from nego.market.types import Action, ActionKind
 from nego.scenarios.generator import generate_scenario
 from nego.scenarios.scenario import Role
@@ -36,7 +44,7 @@ def test_malformed_turns_are_invalid_never_repaired(widget_scenario):
 def test_the_seller_sees_its_own_utility_of_both_offers_and_whether_it_clears_its_reservation(widget_scenario):
     import asyncio
 
-    from nego.agents.compact import ABOVE, BELOW, OPP
+    from nego.agents.compact.protocol import ABOVE, BELOW, OPP
     from nego.agents.registry import resolve
     from nego.market.protocol import run_negotiation
     from nego.training.sft import RecordingSeller

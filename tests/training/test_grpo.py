@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 import pytest
-from nego.agents.compact import OPP, CompactFactory, CompactPolicy, make_factory, offer_levels
+from nego.agents.compact.protocol import OPP, CompactFactory, CompactPolicy, make_factory, offer_levels
 from nego.agents.model_registry import lookup
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from nego.agents.compact import make_factory
+from nego.agents.compact.protocol import make_factory
 from nego.agents.model_registry import lookup
 from nego.agents.registry import resolve
 from nego.market.protocol import run_negotiation

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from nego.agents.heldout import HELD_OUT_FAMILIES
 from nego.agents.registry import rule_family
+from nego.agents.rules.heldout import HELD_OUT_FAMILIES
 from nego.training.config import DEFAULT_TRAIN_BUYERS
 from nego.training.pool import BuyerPool
 

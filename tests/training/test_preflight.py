@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from nego.agents.backends.hf_engine import Generated
+from nego.agents.llm.backends.hf_engine import Generated
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, child_seeds, run_jobs
 from nego.market.protocol import run_negotiation

@@ -1,0 +1,1 @@
+"""The tiny in-process seller: the compact word protocol, its negotiator and its decoder."""

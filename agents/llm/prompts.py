@@ -1,0 +1,360 @@
+"""Prompt templates for language-model negotiators: loading, checking, and rendering an Observation.
+
+A template is a text file with a ``[system]`` and a ``[user]`` section written in :class:`string.Template`
+syntax (``$field``); comment lines starting with ``#`` may precede the first section. Only the fields in
+:data:`FIELDS` exist, and every one is computed from the :class:`~nego.market.types.Observation` alone (this
+side's own brief and preferences, the public scenario and history), so a template cannot leak the other side's
+private information. A template with an ``[update]`` section lays a negotiation out as one conversation (see
+:mod:`nego.agents.llm.chat_layout`): the system and user messages open it, and after each of this side's replies the
+update section, rendered from the observation before that reply and the next one, becomes the next user message;
+it may also use the fields in :data:`UPDATE_FIELDS`. Built-in templates live in ``nego/agents/llm/prompts/<name>.txt``;
+any other file can be given by path. A template's id, ``<name>:<first 8 hex of the file's sha256>``, is recorded
+with every action.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from nego.market.types import ActionKind, Observation, Offer, PublicMove
+from nego.scenarios.issues import IssueKind
+from nego.scenarios.preferences import Direction
+from nego.scenarios.scenario import ScenarioView
+
+from ..trend import trend_sentence
+from .backends.base import ACTION_TOOLS, ChatMessage
+
+DEFAULT_TEMPLATE = "negotiator-v2"
+
+FIELDS: dict[str, str] = {
+    "role": "this side: seller or buyer",
+    "other_role": "the other side",
+    "product": "what is being traded",
+    "context": "the public context of the deal",
+    "brief": "this side's private instructions (a line of its own, or empty)",
+    "issues": "one line per issue: name, type, range or options, unit, description",
+    "priorities": "one line per issue: this side's weight and what it prefers, most important first",
+    "reservation": "a sentence giving this side's walk-away value",
+    "opener": "the side that makes the first offer",
+    "max_rounds": "the number of rounds",
+    "round": "the current round (1-based)",
+    "rounds_left": "rounds left including this one",
+    "rounds_left_text": "rounds left in words ('this is your last turn' on the last one)",
+    "history": "every public move so far with its message and its value to this side",
+    "standing_offer": "the other side's offer on the table and its value to this side, or a note that none is",
+    "feedback": "why this side's previous reply was rejected (empty on a first attempt)",
+    "trend": "what the other side has conceded since its first offer and how its last offer moved, in this side's "
+    "score, as a line ending in a newline (empty before its second offer)",
+    "reply_format": "how to answer: the tools, or the JSON block to write",
+}
+
+
+UPDATE_FIELDS: dict[str, str] = {
+    "news": "what happened since this side's last reply: that its turn passed when that reply was invalid to the "
+    "end, then the other side's move as a line of the history, or that its turn passed (empty on a retry)",
+}
+"""Fields only the ``[update]`` section of a conversation template can use."""
+
+SECTIONS = ("system", "user", "update")
+
+STATIC_FIELDS = frozenset(FIELDS) - {
+    "round",
+    "rounds_left",
+    "rounds_left_text",
+    "history",
+    "standing_offer",
+    "feedback",
+    "trend",
+}
+"""Fields that do not change during one side's negotiation (computed once per negotiator)."""
+
+
+class TemplateError(ValueError):
+    """A prompt template file that cannot be used (missing section, unknown field, unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTemplate:
+    """A checked template: its name, its id (name plus content hash), its two sections and, for a conversation
+    template, the section that renders the user message after each of this side's replies."""
+
+    name: str
+    id: str
+    system: Template
+    user: Template
+    update: Template | None = None
+
+    @property
+    def conversational(self) -> bool:
+        """True when a negotiation is one growing conversation (the template has an ``[update]`` section), False when
+        every turn is a fresh system and user message."""
+        return self.update is not None
+
+    def render(self, obs: Observation, *, tools: bool, cache: RenderCache | None = None) -> tuple[ChatMessage, ...]:
+        """The system and user messages for one turn; ``tools`` says whether the action tools are offered.
+        ``cache`` keeps what one side's earlier turns of the same negotiation already rendered (same text)."""
+        cache = cache if cache is not None else RenderCache()
+        static = cache.static(obs.scenario, tools)
+        if cache.system is None or cache.system[0] is not self:
+            system = None  # a section that uses only fixed fields is rendered once per negotiation
+            if set(self.system.get_identifiers()) <= STATIC_FIELDS:
+                system = ChatMessage("system", _tidy(self.system.substitute(static)))
+            cache.system = (self, system)
+        values = {**static, **turn_fields(obs, cache)}
+        return (
+            cache.system[1] or ChatMessage("system", _tidy(self.system.substitute(values))),
+            ChatMessage("user", _tidy(self.user.substitute(values))),
+        )
+
+    def render_update(
+        self, before: Observation, obs: Observation, *, tools: bool, cache: RenderCache | None = None
+    ) -> ChatMessage:
+        """The user message that follows this side's reply to ``before``, when it must act again on ``obs``."""
+        if self.update is None:
+            raise TemplateError(f"template {self.name!r} has no [update] section: it renders every turn afresh")
+        cache = cache if cache is not None else RenderCache()
+        values = {**cache.static(obs.scenario, tools), **turn_fields(obs, cache), **update_fields(before, obs)}
+        return ChatMessage("user", _tidy(self.update.substitute(values)))
+
+
+class RenderCache:
+    """What one side's prompts keep between its turns in one negotiation: the fixed fields, a system message
+    that uses only them, and the history lines already rendered (the history only grows). Everything is
+    rebuilt when the scenario view or the tools setting changes, so a cache can never mix two negotiations."""
+
+    __slots__ = ("_key", "_static", "lines", "moves", "system")
+
+    def __init__(self) -> None:
+        self._key: tuple[ScenarioView, bool] | None = None
+        self._static: dict[str, str] = {}
+        self.system: tuple[PromptTemplate, ChatMessage | None] | None = None
+        self.moves: list[PublicMove] = []
+        self.lines: list[str] = []
+
+    def static(self, view: ScenarioView, tools: bool) -> dict[str, str]:
+        """:func:`static_fields` of ``view``, computed once while the view object stays the same."""
+        if self._key is None or self._key[0] is not view or self._key[1] != tools:
+            self._key, self._static = (view, tools), static_fields(view, tools=tools)
+            self.system, self.moves, self.lines = None, [], []
+        return self._static
+
+    def history_lines(self, history: tuple[PublicMove, ...], view: ScenarioView) -> list[str]:
+        kept = 0
+        for cached, move in zip(self.moves, history, strict=False):
+            if cached is not move and cached != move:
+                break
+            kept += 1
+        del self.moves[kept:], self.lines[kept:]
+        for move in history[kept:]:
+            self.moves.append(move)
+            self.lines.append(_move_line(move, view))
+        return self.lines
+
+
+def builtin_templates() -> list[str]:
+    """Names of the templates shipped with nego."""
+    folder = resources.files("nego.agents.llm") / "prompts"
+    return sorted(p.name.removesuffix(".txt") for p in folder.iterdir() if p.name.endswith(".txt"))
+
+
+def load_template(name_or_path: str = DEFAULT_TEMPLATE) -> PromptTemplate:
+    """A built-in template by name, or a template file by path; raises :class:`TemplateError` saying what to fix."""
+    if name_or_path in builtin_templates():
+        text = (resources.files("nego.agents.llm") / "prompts" / f"{name_or_path}.txt").read_text(encoding="utf-8")
+        return parse_template(name_or_path, text, origin=f"built-in template {name_or_path!r}")
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise TemplateError(
+            f"prompt template {name_or_path!r} is neither a built-in template ({', '.join(builtin_templates())}) "
+            "nor an existing file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TemplateError(f"prompt template {path}: cannot read it ({e})") from None
+    return parse_template(path.stem, text, origin=str(path))
+
+
+def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptTemplate:
+    """Split ``text`` into its sections and check that it uses only known fields."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        header = re.fullmatch(r"\[(\w+)\]\s*", line)
+        if header:
+            if header.group(1) not in SECTIONS or header.group(1) in sections:
+                raise TemplateError(f"{origin}, line {lineno}: unexpected section [{header.group(1)}]")
+            current = sections.setdefault(header.group(1), [])
+        elif current is not None:
+            current.append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise TemplateError(f"{origin}, line {lineno}: text before the first section ([system], [user])")
+    missing = [s for s in ("system", "user") if s not in sections]
+    if missing:
+        raise TemplateError(f"{origin}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
+    parts = {k: Template("\n".join(v)) for k, v in sections.items()}
+    for section, template in parts.items():
+        if not template.is_valid():
+            raise TemplateError(f"{origin}, [{section}]: a '$' that starts no field; write '$$' for a dollar sign")
+        known = {**FIELDS, **UPDATE_FIELDS} if section == "update" else FIELDS
+        unknown = sorted(set(template.get_identifiers()) - set(known))
+        if unknown:
+            raise TemplateError(
+                f"{origin}, [{section}]: unknown field(s) {', '.join('$' + u for u in unknown)}; "
+                f"the fields are {', '.join('$' + f for f in known)}"
+            )
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return PromptTemplate(name, f"{name}:{digest}", parts["system"], parts["user"], parts.get("update"))
+
+
+def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
+    """Every template field for this observation (see :data:`FIELDS`)."""
+    return {**static_fields(obs.scenario, tools=tools), **turn_fields(obs)}
+
+
+def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
+    """The fields that stay the same for one side during a whole negotiation (see :data:`STATIC_FIELDS`)."""
+    return {
+        "role": view.role.value,
+        "other_role": view.role.other.value,
+        "product": view.product,
+        "context": view.context,
+        "brief": f"Your private instructions: {view.brief}\n" if view.brief else "",
+        "issues": "\n".join(f"- {i.describe()}" for i in view.issues),
+        "priorities": _priorities(view),
+        "reservation": (
+            f"Walking away, or reaching no deal, is worth {view.preferences.reservation:.2f} to you, so a deal "
+            f"worth less than {view.preferences.reservation:.2f} is worse than no deal."
+        ),
+        "opener": view.opener.value,
+        "max_rounds": str(view.max_rounds),
+        "reply_format": _reply_format(view, tools),
+    }
+
+
+def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str, str]:
+    """The fields that change from turn to turn (``cache``: reuse history lines rendered for earlier turns)."""
+    view = obs.scenario
+    return {
+        "round": str(obs.round),
+        "rounds_left": str(obs.rounds_left),
+        "rounds_left_text": "this is your last turn"
+        if obs.is_last_turn
+        else f"{obs.rounds_left} rounds left including this one",
+        "history": _history(obs.history, view, cache),
+        "standing_offer": _standing(obs.standing_offer, view),
+        "trend": (trend + "\n") if (trend := trend_sentence(obs.history, view)) else "",
+        "feedback": (
+            f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
+            if obs.feedback
+            else ""
+        ),
+    }
+
+
+def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
+    """The fields of :data:`UPDATE_FIELDS` for acting on ``obs`` after replying to ``before``.
+
+    Both observations belong to one side of one negotiation, ``before`` the earlier. Everything comes from them: a
+    retry is an observation of the same round (its feedback says why); otherwise the other side had one turn in
+    between, and the public history's new entries show what this side's reply and that turn came to (a reply that is
+    not among them was invalid to the end, a turn without a move of the other side passed)."""
+    if obs.scenario is not before.scenario and obs.scenario != before.scenario:
+        raise ValueError("an update joins two observations of the same side of the same negotiation")
+    if obs.round == before.round:
+        return {"news": ""}
+    new = obs.history[len(before.history) :]
+    lines = []
+    if not any(move.role is obs.role for move in new):
+        lines.append("Your last reply was not a valid move, so your turn passed.")
+    theirs = [_move_line(move, obs.scenario) for move in new if move.role is not obs.role]
+    lines += theirs or [f"The {obs.role.other.value} made no valid move, so its turn passed."]
+    return {"news": "\n".join(lines)}
+
+
+def describe_offer(offer: Offer, view: ScenarioView) -> str:
+    """``price=120 USD, warranty=1y``: an offer with units, in issue order."""
+    parts = []
+    for issue in view.issues:
+        unit = f" {issue.unit}" if issue.unit and issue.kind is not IssueKind.CATEGORICAL else ""
+        parts.append(f"{issue.name}={offer[issue.name]}{unit}")
+    return ", ".join(parts)
+
+
+def _priorities(view: ScenarioView) -> str:
+    prefs = view.preferences
+    lines = []
+    ranked = sorted(view.issues, key=lambda i: -prefs.weights[i.name])
+    for rank, issue in enumerate(ranked):
+        weight = prefs.weights[issue.name]
+        label = " (most important)" if rank == 0 and len(ranked) > 1 else ""
+        vf = prefs.values[issue.name]
+        if issue.kind is IssueKind.CATEGORICAL:
+            table = dict(vf.table)
+            wants = "value of each option to you: " + ", ".join(f"{o}={table[o]:.2f}" for o in issue.options)
+        else:
+            better = "higher" if vf.direction is Direction.INCREASING else "lower"
+            wants = f"{better} is better for you (linear from {issue.low} to {issue.high})"
+        lines.append(f"- {issue.name}: weight {weight:.2f}{label}; {wants}")
+    return "\n".join(lines)
+
+
+def _history(history: tuple[PublicMove, ...], view: ScenarioView, cache: RenderCache | None) -> str:
+    if not history:
+        return "Nothing yet: no offer has been made."
+    if cache is not None:
+        return "\n".join(cache.history_lines(history, view))
+    return "\n".join(_move_line(move, view) for move in history)
+
+
+def _move_line(move: PublicMove, view: ScenarioView) -> str:
+    who = f"{move.role.value} (you)" if move.role is view.role else move.role.value
+    if move.kind is ActionKind.OFFER and move.offer is not None:
+        what = f"offered {describe_offer(move.offer, view)} (worth {view.utility(move.offer):.2f} to you)"
+    elif move.kind is ActionKind.ACCEPT:
+        what = "accepted"
+    else:
+        what = "walked away"
+    said = f" Message: {json.dumps(move.message, ensure_ascii=False)}" if move.message else ""
+    return f"- Round {move.round}, {who}: {what}.{said}"
+
+
+def _standing(offer: Offer | None, view: ScenarioView) -> str:
+    other = view.role.other.value
+    if offer is None:
+        return f"There is no offer from the {other} on the table, so you cannot accept now."
+    return (
+        f"The {other}'s offer on the table: {describe_offer(offer, view)}. "
+        f"It is worth {view.utility(offer):.2f} to you."
+    )
+
+
+def _reply_format(view: ScenarioView, tools: bool) -> str:
+    if tools:
+        return f"Reply by calling exactly one of the tools {', '.join(ACTION_TOOLS)}."
+    shape = ", ".join(f'"{i.name}": <{_value_hint(i)}>' for i in view.issues)
+    return (
+        "End your reply with exactly one JSON object in a ```json block, one of:\n"
+        f'{{"action": "offer", "offer": {{{shape}}}, "message": "..."}}\n'
+        '{"action": "accept", "message": "..."}\n'
+        '{"action": "walk_away", "message": "..."}\n'
+        "Numbers are plain JSON numbers without units; options are JSON strings."
+    )
+
+
+def _value_hint(issue) -> str:
+    if issue.kind is IssueKind.CATEGORICAL:
+        return " | ".join(json.dumps(o) for o in issue.options)
+    step = f" step {issue.step}" if issue.kind is IssueKind.INT and issue.step != 1 else ""
+    return f"{issue.kind.value} {issue.low}..{issue.high}{step}"
+
+
+def _tidy(text: str) -> str:
+    # empty optional fields leave runs of blank lines behind
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"

@@ -1,0 +1,1 @@
+"""Rule-based negotiators: the strategies, their shared base and the outcome search they use."""

@@ -1,0 +1,72 @@
+"""Time-dependent concession (Boulware, Linear, Conceder): the target utility falls with time alone.
+
+Target at relative time t (see :class:`~nego.agents.rules.base.Clock`)::
+
+    u(t) = hi - (hi - lo) * t ** (1 / e),   hi = best own utility, lo = max(reservation, worst own utility)
+
+With utilities normalised to [0, 1] this is ``1 - (1 - rv) * t^(1/e)``. ``e < 1`` concedes late (Boulware),
+``e = 1`` linearly, ``e > 1`` early (Conceder).
+
+Each turn the negotiator computes u(t) once; it accepts the standing offer if its own utility is at least u(t)
+(the target of the offer it would otherwise make now), and otherwise offers the outcome whose own utility is
+the smallest one at or above u(t). It never walks away unless no outcome is worth its reservation value.
+
+Two optional parameters make it a less predictable opponent (used for training pools):
+
+- ``margin`` raises the floor it concedes to (and accepts at) from the reservation value to ``rv + margin``;
+- ``patience`` in (0, 1]: once relative time exceeds it, the negotiator walks away instead of making an
+  offer (it still accepts a standing offer that meets its target). The default 1 never walks away, because
+  relative time never exceeds 1. Unlike a walker it does not react to the other side's moves: it simply runs
+  out of time at a round the other side cannot see.
+
+With the defaults this is NegMAS's time-based conceding negotiator with its "worst outcome within the aspiration
+band" offer selector; with ``clock="negmas"`` it uses NegMAS's relative time as well.
+"""
+
+from __future__ import annotations
+
+from nego.market.types import Action, Observation
+
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action
+
+
+class TimeDependent(RuleNegotiator):
+    """Concedes along u(t) = hi - (hi - lo) * t^(1/e); see the module docstring for the exact rules."""
+
+    def __init__(
+        self, e: float, seed: int = 0, clock: Clock = Clock.OWN, margin: float = 0.0, patience: float = 1.0
+    ) -> None:
+        if not e > 0:
+            raise ValueError(f"e must be positive, got {e}")
+        if not 0 <= margin <= 1:
+            raise ValueError(f"margin must lie in [0, 1], got {margin}")
+        if not 0 < patience <= 1:
+            raise ValueError(f"patience must lie in (0, 1], got {patience}")
+        super().__init__(seed)
+        self.e = e
+        self.clock = Clock(clock)
+        self.margin = margin
+        self.patience = patience
+        self._power = 1.0 / e
+
+    def floor(self, obs: Observation) -> float:
+        """The lowest own utility it will ever accept or offer: reservation plus margin."""
+        return obs.scenario.preferences.reservation + self.margin
+
+    def target(self, obs: Observation) -> float:
+        space = self.space(obs)
+        lo = max(self.floor(obs), space.worst)
+        hi = space.best
+        return hi - (hi - lo) * self.clock.time(obs) ** self._power
+
+    async def act(self, obs: Observation) -> Action:
+        space = self.space(obs)
+        floor = self.floor(obs)
+        if self.hopeless(space, floor):
+            return WALK_AWAY
+        target = self.target(obs)
+        if acceptable(obs, max(target, floor), space):
+            return ACCEPT
+        if self.clock.time(obs) > self.patience:
+            return WALK_AWAY
+        return offer_action(space, self.offer_at_least(space, target, floor))
