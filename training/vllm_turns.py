@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nego.agents.batching import Batcher
 from nego.agents.llm.backends.base import BackendError
-from nego.agents.llm.backends.batching import Batcher
 from nego.agents.llm.backends.hf_engine import Generated
 
 

@@ -1,4 +1,5 @@
-"""Batched decoding for in-process models: the loop behind the compact policy's turns (and the chat rollout's).
+"""Batched decoding for the compact tiny model: the loop behind its turns (chat models decode through the in-process
+engine, :mod:`nego.agents.llm.backends.hf_engine`).
 
 :func:`generate_turns` answers a batch of requests (context ids, a cap on new tokens, a temperature, a generator)
 with each row's new tokens and their log-probabilities. A context is read in one of two ways:

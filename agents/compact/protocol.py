@@ -23,7 +23,7 @@ last one (:mod:`nego.agents.compact.decode`). torch and transformers are importe
 
 from __future__ import annotations
 
-import asyncio
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,6 +34,7 @@ from nego.scenarios.issues import Issue, Value
 from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
+from ..batching import Batcher
 from ..trace import TokenTrace
 from ..trend import conceded, move_class
 
@@ -217,53 +218,6 @@ class CompactTrace:
         self.add(end_words(outcome, self.role), own=False)
 
 
-class BatchedGenerator:
-    """Collects concurrent generation requests and answers them with one batched call of ``run``.
-
-    ``run(requests) -> [(token ids, logprobs), ...]`` does the actual decoding; every negotiation that is about to
-    ask in the same pass of the event loop joins the batch.
-    """
-
-    def __init__(self, run: Any) -> None:
-        self.run = run
-        self._pending: list[_Request] = []
-        self._flush: asyncio.Task | None = None
-        self.calls = 0
-
-    async def submit(
-        self,
-        ids: list[int],
-        max_new: int,
-        temperature: float | None,
-        generator: Any = None,
-        cache: KVCache | None = None,
-    ) -> tuple[list[int], list[float]]:
-        req = _Request(ids, max_new, temperature, generator, asyncio.get_running_loop().create_future(), cache)
-        self._pending.append(req)
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._run_batch())
-        return await req.future
-
-    async def _run_batch(self) -> None:
-        seen = -1
-        while seen != len(self._pending):
-            seen = len(self._pending)
-            for _ in range(3):
-                await asyncio.sleep(0)
-        batch, self._pending = self._pending, []
-        self.calls += 1
-        try:
-            results = self.run(batch)
-        except Exception as e:
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(e)
-            return
-        for r, res in zip(batch, results, strict=True):
-            if not r.future.done():
-                r.future.set_result(res)
-
-
 class CompactPolicy:
     """A compact-protocol model shared by many negotiators; concurrent requests become one batched forward pass.
 
@@ -290,13 +244,19 @@ class CompactPolicy:
 
             keep_cache = supports_kept_cache(model)
         self.keep_cache = keep_cache
-        self.batcher = BatchedGenerator(
-            lambda batch: generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT])
+        # one batch holds every negotiation about to ask, however long the clock says they took to get there
+        self.batcher: Batcher[_Request, tuple[list[int], list[float]]] = Batcher(
+            lambda batch: generate_turns(self.model, batch, pad_id=self.ids[PAD], stop_id=self.ids[EOT]),
+            max_batch=sys.maxsize,
+            window_s=None,
+            failure=lambda e: e,
+            in_thread=False,
+            name="compact-policy",
         )
 
     @property
     def forward_calls(self) -> int:
-        return self.batcher.calls
+        return self.batcher.batches
 
     def token_trace(self, trace: CompactTrace) -> TokenTrace:
         """A word trace as token ids of this policy's vocabulary."""
@@ -337,7 +297,7 @@ class CompactPolicy:
         ids = [self.ids.get(w, self.ids[UNK]) for w in words]
         if len(ids) + max_new > self.max_context:
             raise RuntimeError(f"episode context of {len(ids) + max_new} tokens exceeds the model's {self.max_context}")
-        out_ids, logps = await self.batcher.submit(ids, max_new, temperature, generator, cache)
+        (out_ids, logps), _ = await self.batcher.submit(_Request(ids, max_new, temperature, generator, cache))
         return [self.words[i] for i in out_ids], logps
 
 
@@ -365,7 +325,6 @@ class _Request:
     max_new: int
     temperature: float | None
     generator: Any
-    future: asyncio.Future
     cache: KVCache | None = None
 
 

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nego.agents.batching import Batcher
 from nego.market.types import Usage
 
 from .base import BackendError, ChatMessage, ChatRequest, ChatResponse
-from .batching import Batcher
 from .hf_engine import BatchStats, Generated, GenerationEngine, Row, end_ids
 from .hf_loading import load_checkpoint, torch_dtype
 
