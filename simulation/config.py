@@ -15,6 +15,9 @@ from nego.agents.threads import THREADS_HELP
 
 DEFAULT_SELLERS = "boulware,linear,conceder,tft"
 DEFAULT_BUYERS = "boulware,conceder,tft,walker"
+DEFAULT_LEARN_BUYERS = "boulware,conceder,tft,reciprocal"
+"""The default buyers of a market a seller learns in: no held-out evaluation family (walker is one), so that an
+evaluation of the learned policy against the held-out buyers stays held out."""
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -51,7 +54,8 @@ class SimulateConfig:
     learn: str | None = _f(
         None,
         "A seller that learns while the market runs: a registered model (tiny, NAME-rl), hf:PATH (GRPO), or "
-        "'tuner' (a UCB concession tuner); it trades as NAME-learning beside --sellers.",
+        "'tuner' (a UCB concession tuner); it trades as NAME-learning beside --sellers. With it the default buyers are "
+        f"{DEFAULT_LEARN_BUYERS}, and held-out evaluation families (walker, picky) are refused as buyers.",
     )
     learn_sellers: int = _f(4, "Seller agents trading under the learning spec (and as many more buyers).")
     learn_group: int = _f(4, "Negotiations each learning pair plays of its scenario per day: its GRPO group.")
@@ -78,6 +82,23 @@ class SimulateConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if not self.sellers or not self.buyers:
             raise ValueError("give at least one seller spec and one buyer spec")
+        if self.learn:
+            self._keep_held_out_buyers_out()
+
+    def _keep_held_out_buyers_out(self) -> None:
+        """A learner never trades with a held-out evaluation family: the default market swaps walker for the
+        reciprocating buyer, a market that names one is refused."""
+        from nego.agents.registry import rule_family
+        from nego.agents.rules.heldout import HELD_OUT_FAMILIES
+
+        if self.buyers == tuple(DEFAULT_BUYERS.split(",")):
+            object.__setattr__(self, "buyers", tuple(DEFAULT_LEARN_BUYERS.split(",")))
+        held = [b for b in self.buyers if rule_family(b) in HELD_OUT_FAMILIES]
+        if held:
+            raise ValueError(
+                f"--buyers {held[0]}: a learning seller never trades with a held-out evaluation family "
+                f"({', '.join(HELD_OUT_FAMILIES)}), so evaluations of what it learns against them stay held out"
+            )
 
     @property
     def out_dir(self) -> Path:

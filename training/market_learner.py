@@ -91,6 +91,8 @@ class LearnerState:
     checkpoint: str | None = None
     dropped_groups: int = 0
     queue: tuple[tuple[Sample, ...], ...] = ()
+    buyers: tuple[str, ...] = ()
+    """Every buyer spec the policy has met (and learned from), sorted."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -100,7 +102,8 @@ class LearnerState:
     @staticmethod
     def from_json(d: dict[str, Any]) -> LearnerState:
         queue = tuple(tuple(sample_from_json(e) for e in g) for g in d["queue"])
-        return LearnerState(d["day"], d["version"], d["checkpoint"], d.get("dropped_groups", 0), queue)
+        buyers = tuple(d.get("buyers", ()))
+        return LearnerState(d["day"], d["version"], d["checkpoint"], d.get("dropped_groups", 0), queue, buyers)
 
 
 class GRPOLearner:
@@ -134,6 +137,8 @@ class GRPOLearner:
         self._scorer = outcome_scorer(no_deal_value(cfg.no_deal_reward), cfg.invalid_penalty)
         self.log = TrainLog(self.directory / "train_log.parquet", echo=echo)
         self.dropped_groups = 0
+        self.buyers: set[str] = set()
+        """Every buyer spec a learning negotiation of this policy has met."""
 
     # --- the Learner interface -------------------------------------------------------------------------------
 
@@ -157,6 +162,7 @@ class GRPOLearner:
                 self.echo(f"day {day}: dropped learning group of pair {g.pair} (a negotiation ended in an error)")
             else:
                 self._queue.append(episodes)
+                self.buyers.update(p.job.buyer for p in g.episodes)
         per_update = self.cfg.scenarios_per_step
         n = len(self._queue) // per_update
         batches = [[e for g in self._queue[i * per_update : (i + 1) * per_update] for e in g] for i in range(n)]
@@ -177,6 +183,7 @@ class GRPOLearner:
         self._day, self._version, self._checkpoint = state.day, state.version, state.checkpoint
         self._queue = [list(g) for g in state.queue]
         self.dropped_groups = state.dropped_groups
+        self.buyers = set(state.buyers)
         self.log = TrainLog(self.log.path, echo=self.echo, resume_step=self._version)
         if self._checkpoint:
             self.model, _ = self.kind.load(str(self.directory / "checkpoints" / self._checkpoint))
@@ -193,7 +200,12 @@ class GRPOLearner:
         final = self.directory / "final"
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
-        config = {"stage": "market-grpo", "base": self.base, "temperature": self.cfg.sampling_temperature}
+        config = {
+            "stage": "market-grpo",
+            "base": self.base,
+            "temperature": self.cfg.sampling_temperature,
+            "train_buyers": sorted(self.buyers),  # what an evaluation's held-out check reads
+        }
         config.update(self.kind.registry_config(self.cfg))  # the layout its policy played and learned in
         entry = ModelEntry(
             name,
@@ -273,8 +285,9 @@ class GRPOLearner:
         return {"reward": float(np.mean(rewards)), "mean_policy_lag": float(np.mean(lags))}
 
     def _save_state(self) -> None:
+        queue = tuple(tuple(g) for g in self._queue)
         state = LearnerState(
-            self._day, self._version, self._checkpoint, self.dropped_groups, tuple(tuple(g) for g in self._queue)
+            self._day, self._version, self._checkpoint, self.dropped_groups, queue, tuple(sorted(self.buyers))
         )
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{STATE}.tmp"

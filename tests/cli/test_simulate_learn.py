@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 from nego.cli.app import app
 from nego.market.transcripts import read_negotiations
 from typer.testing import CliRunner
@@ -38,3 +39,15 @@ def test_a_learner_that_is_not_registered_is_refused_before_anything_runs(tmp_pa
     res = runner.invoke(app, ["simulate", "--learn", "nosuchmodel", "--out", str(tmp_path / "r"), "--no-live"])
     assert res.exit_code == 2 and "no model registered" in res.output
     assert not (tmp_path / "r" / "negotiations").exists() or not any((tmp_path / "r" / "negotiations").iterdir())
+
+
+def test_a_learning_seller_never_trades_with_a_held_out_buyer_family():
+    from nego.agents.registry import rule_family
+    from nego.agents.rules.heldout import HELD_OUT_FAMILIES
+    from nego.simulation import SimulateConfig
+
+    default = SimulateConfig(learn="tuner").buyers
+    assert "walker" in SimulateConfig().buyers and not {rule_family(b) for b in default} & set(HELD_OUT_FAMILIES)
+    for spec in ("walker", "picky:margin=0.2"):
+        with pytest.raises(ValueError, match="held-out evaluation family"):
+            SimulateConfig(learn="tuner", buyers=("tft", spec))

@@ -103,4 +103,7 @@ def test_nego_simulate_learn_trains_a_registered_model_and_registers_the_result(
     assert "registered tiny-learning-sim0" in res.output and "Learning seller per day" in res.output
     entry = lookup("tiny-learning-sim0")
     assert entry is not None and entry.format == "compact" and entry.steps == 2 and entry.base == "tiny"
+    # the buyers it learned against are on record, for the held-out check of any evaluation of it
+    met = entry.config["train_buyers"]
+    assert met and set(met) <= {"boulware", "conceder", "tft", "reciprocal"}
     assert (out / "learners" / "tiny-learning" / "checkpoints" / "checkpoint-2").is_dir()
