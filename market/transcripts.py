@@ -1,20 +1,23 @@
-"""Transcripts as Parquet parts: one row per negotiation attempt and one per turn, crash-safe and resumable.
+"""Transcripts as Parquet parts: one row per negotiation attempt and one per turn, crash-safe, resumable and compacted.
 
-A directory holds ``negotiations/part-NNNNNNNN.parquet`` and ``turns/part-NNNNNNNN.parquet``. A part is
-written to a temporary file and renamed into place, the turns part before its negotiations part, so a
-negotiation counts as written exactly when its negotiations part exists. One process writes a directory at
-a time; any number may read it.
+A directory holds ``negotiations/part-*.parquet`` and ``turns/part-*.parquet``. A part is written to a temporary
+file and renamed into place, the turns part before its negotiations part, so a negotiation counts as written exactly
+when its negotiations part exists. One process writes a directory at a time; any number may read it.
 
 A writer indexes the directory once when it opens it (the latest attempt of every negotiation and the part that
-holds it) and keeps the index up to date as it writes, so a resumed run asks "is this done?" in O(1) per job and
-reads back only the parts that hold the results it needs. What a row holds is :mod:`.transcript_rows`.
+holds it), in one scan over the parts, and keeps the index up to date as it writes, so a resumed run asks "is this
+done?" in O(1) per job and reads back only the parts that hold the results it needs. Opening and reading take time
+linear in the parts. The writer keeps their count bounded by merging runs of parts of one size into one part that
+covers their numbers (:mod:`.transcript_parts` names the files and chooses the merges; a kill at any point of a
+merge leaves every row in place exactly once after the next open). What a row holds is :mod:`.transcript_rows`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from .locks import locked
+from .transcript_parts import PART_NUMBER, Span, Visible, last_number, next_merge, repair, visible
 from .transcript_rows import (
     NEGOTIATIONS_SCHEMA,
     SCHEMA_VERSION,
@@ -37,12 +41,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+COMPACT_AT = 16
+"""The default fan-out of compaction: this many consecutive parts of one size tier are merged into one."""
 
-def _parts(directory: Path, table: str) -> dict[int, Path]:
-    folder = directory / table
-    if not folder.is_dir():
-        return {}
-    return {int(p.name[5:13]): p for p in folder.glob("part-*.parquet") if p.name[5:13].isdigit()}
+_READ_TRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +55,8 @@ class Attempt:
     ok: bool
     """True if the attempt ended without error."""
     part: int | None
-    """The number of the part that holds it; None while it is still buffered."""
-
-
-def _readable(path: Path) -> bool:
-    try:
-        pl.read_parquet_schema(path)
-    except Exception:
-        return False
-    return True
+    """The number of the part that holds it (a compacted part holds the numbers of the parts it replaced, and is
+    read as its first one); None while it is still buffered."""
 
 
 class TranscriptWriter:
@@ -69,42 +64,47 @@ class TranscriptWriter:
 
     Opening a directory repairs what an interrupted writer left: temporary files, a turns part whose
     negotiations part was never renamed into place, and unreadable parts are removed (each count logged; the
-    negotiations they held are simply not complete, so a resumed run plays them again).
+    negotiations they held are simply not complete, so a resumed run plays them again), and so are the parts an
+    interrupted compaction left (their rows are in other parts). ``compact_at`` consecutive parts of one size tier
+    are merged into one, on opening and after every flush (None: parts stay as written).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, flush_every: int = 64, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        flush_every: int = 64,
+        fsync: bool = False,
+        compact_at: int | None = COMPACT_AT,
+    ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
+        if compact_at is not None and compact_at < 2:
+            raise ValueError(f"compact_at must be >= 2 or None, got {compact_at}")
         self.directory = Path(directory)
         self.flush_every = flush_every
         self.fsync = fsync
+        self.compact_at = compact_at
         for table in ("negotiations", "turns"):
             (self.directory / table).mkdir(parents=True, exist_ok=True)
-        with locked(self.directory / ".lock"):
-            self.repairs = self._repair()
-        """What opening removed: counts of 'tmp', 'orphan_turns' and 'unreadable' files."""
         self._negotiations: list[dict[str, Any]] = []
         self._turns: list[dict[str, Any]] = []
         self.written = 0
         """Negotiation rows written by this writer so far."""
-        self._index = self._read_index()
+        with self._lock():
+            counts, leftovers = self._repair()
+            self.repairs = counts
+            """What opening removed: counts of 'tmp', 'orphan_turns' and 'unreadable' files."""
+            self.leftovers = leftovers
+            """How many parts an interrupted compaction left, which opening removed (their rows are in other parts)."""
+            self._compact()
+            self._index = self._read_index()
 
-    def _repair(self) -> dict[str, int]:
-        counts = {"tmp": 0, "orphan_turns": 0, "unreadable": 0}
-        for table in ("negotiations", "turns"):
-            for tmp in (self.directory / table).glob(".*.tmp"):
-                tmp.unlink()
-                counts["tmp"] += 1
-        negotiations, turns = _parts(self.directory, "negotiations"), _parts(self.directory, "turns")
-        for n, path in negotiations.items():
-            if not (_readable(path) and n in turns and _readable(turns[n])):
-                path.unlink()
-                counts["unreadable"] += 1
-        negotiations = _parts(self.directory, "negotiations")
-        for n, path in turns.items():
-            if n not in negotiations:
-                counts["orphan_turns" if _readable(path) else "unreadable"] += 1
-                path.unlink()
+    def _lock(self) -> AbstractContextManager[None]:
+        return locked(self.directory / ".lock")
+
+    def _repair(self) -> tuple[dict[str, int], int]:
+        counts, leftovers = repair(self.directory)
         if any(counts.values()):
             logger.warning(
                 "transcripts in %s: removed %d temporary file(s), %d turns part(s) without a negotiations part "
@@ -114,16 +114,24 @@ class TranscriptWriter:
                 counts["orphan_turns"],
                 counts["unreadable"],
             )
-        return counts
+        if leftovers:
+            logger.info(
+                "transcripts in %s: removed %d part(s) left by an interrupted compaction (their rows are in other "
+                "parts)",
+                self.directory,
+                leftovers,
+            )
+        return counts, leftovers
 
     def _read_index(self) -> dict[str, Attempt]:
-        parts = _parts(self.directory, "negotiations")
-        if not parts:
+        parts = visible(self.directory)
+        if not parts.negotiations:
             return {}
         latest = (
-            _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, parts, with_part=True)
+            _scan(parts.negotiations.values(), NEGOTIATIONS_SCHEMA, with_path=True)
             .group_by("negotiation_id")
-            .agg(pl.col("attempt", "end_reason", "part").sort_by("attempt").last())
+            .agg(pl.col("attempt", "end_reason", "path").sort_by("attempt").last())
+            .with_columns(pl.col("path").str.extract(PART_NUMBER, 1).cast(pl.Int64))
             .collect()
         )
         error = EndReason.ERROR.value
@@ -155,24 +163,30 @@ class TranscriptWriter:
             {"negotiation_id": wanted, "attempt": [self._index[i].number for i in wanted]},
             schema={"negotiation_id": pl.String, "attempt": pl.Int32},
         )
-        numbers = {self._index[i].part for i in wanted}
-        negotiations, turns = pl.collect_all(
-            [
-                _scan(self.directory, table, schema, numbers).join(keys, on=["negotiation_id", "attempt"], how="semi")
-                for table, schema in (("negotiations", NEGOTIATIONS_SCHEMA), ("turns", TURNS_SCHEMA))
-            ]
-        )
+        with self._lock():  # no other writer's compaction deletes a part while it is read
+            parts = visible(self.directory)
+            spans = parts.containing(p for i in wanted if (p := self._index[i].part) is not None)
+            negotiations, turns = pl.collect_all(
+                [
+                    _scan(paths, schema).join(keys, on=["negotiation_id", "attempt"], how="semi")
+                    for paths, schema in (
+                        ([parts.negotiations[s] for s in spans], NEGOTIATIONS_SCHEMA),
+                        ([parts.turns[s] for s in spans if s in parts.turns], TURNS_SCHEMA),
+                    )
+                ]
+            )
         return results_from_tables(negotiations, turns)
 
     def completed_rows(self, run_id: str) -> pl.DataFrame:
         """Negotiations rows of run ``run_id`` whose latest attempt ended without error, read in one pass over
         the parts on disk (what a resumed population needs to settle the days it does not play again)."""
-        numbers = _parts(self.directory, "negotiations")
-        return (
-            _latest(_scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, numbers))
-            .filter((pl.col("run_id") == run_id) & (pl.col("end_reason") != EndReason.ERROR.value))
-            .collect()
-        )
+        with self._lock():
+            paths = visible(self.directory).negotiations.values()
+            return (
+                _latest(_scan(paths, NEGOTIATIONS_SCHEMA))
+                .filter((pl.col("run_id") == run_id) & (pl.col("end_reason") != EndReason.ERROR.value))
+                .collect()
+            )
 
     def add(
         self, job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
@@ -185,32 +199,39 @@ class TranscriptWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write buffered rows as the next part (turns part first, then the negotiations part)."""
+        """Write buffered rows as the next part (turns part first, then the negotiations part), then compact."""
         if not self._negotiations:
             return
         turns = pl.DataFrame(self._turns, schema=TURNS_SCHEMA, orient="row")
         negotiations = pl.DataFrame(self._negotiations, schema=NEGOTIATIONS_SCHEMA, orient="row")
         # the part number is taken under the directory's lock, so writers in other processes (or other writers on
         # the same directory) never pick the same one, and none repairs away a part another is writing
-        with locked(self.directory / ".lock"):
-            parts = set(_parts(self.directory, "negotiations")) | set(_parts(self.directory, "turns"))
-            number = max(parts, default=-1) + 1
-            name = f"part-{number:08d}.parquet"
+        with self._lock():
+            number = last_number(self.directory) + 1
+            name = Span(number, number).name
             self._write(turns, "turns", name)
             self._write(negotiations, "negotiations", name)
-        for row in self._negotiations:
-            entry = self._index[row["negotiation_id"]]
-            if entry.number == row["attempt"]:
-                self._index[row["negotiation_id"]] = Attempt(entry.number, entry.ok, number)
-        self.written += len(self._negotiations)
-        self._negotiations, self._turns = [], []
+            for row in self._negotiations:
+                entry = self._index[row["negotiation_id"]]
+                if entry.number == row["attempt"]:
+                    self._index[row["negotiation_id"]] = Attempt(entry.number, entry.ok, number)
+            self.written += len(self._negotiations)
+            self._negotiations, self._turns = [], []
+            self._compact()  # the rows are written and accounted for: a failing merge cannot write them twice
 
-    def _write(self, frame: pl.DataFrame, table: str, name: str) -> None:
+    def _write(self, frame: pl.DataFrame | pl.LazyFrame, table: str, name: str) -> None:
         folder = self.directory / table
         tmp = folder / f".{name}.tmp"
-        frame.write_parquet(tmp)
-        if self.fsync:
-            with open(tmp, "rb") as f:
+        # through a file object: polars given a path opens it twice with O_TRUNC, after which unlinking the file
+        # takes milliseconds on ext4 (compaction unlinks every part it merges); a lazy frame is streamed, so a merge
+        # of large parts never holds them in memory
+        with open(tmp, "wb") as f:
+            if isinstance(frame, pl.LazyFrame):
+                frame.sink_parquet(f)
+            else:
+                frame.write_parquet(f)
+            if self.fsync:
+                f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, folder / name)
         if self.fsync:
@@ -220,38 +241,76 @@ class TranscriptWriter:
             finally:
                 os.close(fd)
 
+    def _compact(self) -> None:
+        """Merge parts while ``next_merge`` finds some to merge (the caller holds the lock)."""
+        if self.compact_at is None:
+            return
+        while (run := next_merge(list(visible(self.directory).negotiations), self.compact_at)) is not None:
+            self._merge(run, Span(run[0].lo, run[-1].hi))
+
+    def _merge(self, sources: list[Span], target: Span, keep: pl.Expr | None = None) -> None:
+        """Replace the parts ``sources`` (consecutive visible parts, inside ``target``) by one part ``target`` holding
+        their rows in order, or only the negotiations matching ``keep`` and their turns (the caller holds the lock).
+
+        Until its negotiations part is renamed into place the sources are what every reader reads, and after that
+        the new part: a kill in between leaves either its turns part alone or sources it covers, both removed on
+        the next open."""
+        parts = visible(self.directory)
+        negotiations = _scan([parts.negotiations[s] for s in sources], NEGOTIATIONS_SCHEMA)
+        turns = _scan([parts.turns[s] for s in sources if s in parts.turns], TURNS_SCHEMA)
+        if keep is not None:
+            negotiations = negotiations.filter(keep)
+            kept = negotiations.select("negotiation_id", "attempt")
+            turns = turns.join(kept, on=["negotiation_id", "attempt"], how="semi", maintain_order="left")
+        self._write(turns, "turns", target.name)
+        self._write(negotiations, "negotiations", target.name)
+        for span in sources:
+            os.unlink(parts.negotiations[span])  # negotiations first: a turns part alone is never read
+            if span in parts.turns:
+                os.unlink(parts.turns[span])
+
     def rollback(self, where: pl.Expr, why: str) -> int:
-        """Remove every part whose negotiations match ``where`` (for example ``pl.col("step") >= 7``); returns how many
-        negotiation rows went. A resumed learner uses it to drop what a killed run played after its last checkpoint,
-        which is then played again. A part must match as a whole: learners flush at the end of every step or day,
-        so a part never mixes rows on both sides of such a cut (if one does, nothing is removed and ValueError says
-        which part)."""
+        """Remove every negotiation that matches ``where`` (for example ``pl.col("step") >= 7``) with its turns;
+        returns how many negotiation rows went. A resumed learner uses it to drop what a killed run played after its
+        last checkpoint, which is then played again. A part as written must match as a whole: learners flush at the
+        end of every step or day, so a part never mixes rows on both sides of such a cut (if one does, nothing is
+        removed and ValueError says which part). A compacted part that mixes them is merged, with the parts after
+        it, into one new part without the matching rows."""
         self.flush()
-        with locked(self.directory / ".lock"):
-            parts = _parts(self.directory, "negotiations")
-            if not parts:
+        with self._lock():
+            parts = visible(self.directory)
+            if not parts.negotiations:
                 return 0
             cut = where.fill_null(False)
-            by_part = (
-                _scan(self.directory, "negotiations", NEGOTIATIONS_SCHEMA, parts, with_part=True)
-                .group_by("part")
-                .agg(cut.any().alias("any"), cut.all().alias("all"), pl.len().alias("rows"))
-                .filter(pl.col("any"))
+            by_path = (
+                _scan(parts.negotiations.values(), NEGOTIATIONS_SCHEMA, with_path=True)
+                .group_by("path")
+                .agg(cut.sum().alias("cut"), pl.len().alias("rows"))
+                .filter(pl.col("cut") > 0)
                 .collect()
             )
-            mixed = by_part.filter(~pl.col("all"))["part"].to_list()
-            if mixed:
+            span_of = {p: s for s, p in parts.negotiations.items()}
+            hit = {span_of[path]: (cut_rows, rows) for path, cut_rows, rows in by_path.iter_rows()}
+            mixed = sorted(s for s, (cut_rows, rows) in hit.items() if cut_rows < rows)
+            as_written = [s for s in mixed if s.size == 1]
+            if as_written:
                 raise ValueError(
-                    f"{parts[mixed[0]]} holds negotiations on both sides of the cut ({why}): cannot roll back"
+                    f"{parts.negotiations[as_written[0]]} holds negotiations on both sides of the cut ({why}): "
+                    "cannot roll back"
                 )
-            turns = _parts(self.directory, "turns")
-            for n in by_part["part"].to_list():
-                parts[n].unlink()  # negotiations first: a negotiation counts as written exactly while this part exists
-                if n in turns:
-                    turns[n].unlink()
-        removed = int(by_part["rows"].sum())
+            start = mixed[0].lo if mixed else None
+            for span in sorted(hit):
+                if start is None or span.lo < start:
+                    os.unlink(parts.negotiations[span])  # negotiations first: a negotiation counts as
+                    if span in parts.turns:  # written exactly while this part exists
+                        os.unlink(parts.turns[span])
+            if start is not None:
+                tail = [s for s in parts.negotiations if s.lo >= start]
+                self._merge(tail, Span(start, last_number(self.directory) + 1), keep=~cut)
+            removed = sum(cut_rows for cut_rows, _ in hit.values())
+            if removed:
+                self._index = self._read_index()
         if removed:
-            self._index = self._read_index()
             logger.warning("transcripts in %s: removed %d negotiation(s) %s", self.directory, removed, why)
         return removed
 
@@ -265,29 +324,25 @@ class TranscriptWriter:
         self.close()
 
 
-def _scan(
-    directory: Path, table: str, schema: pl.Schema, numbers: Iterable[int], *, with_part: bool = False
-) -> pl.LazyFrame:
-    """The given parts of ``table`` (those that exist); ``with_part`` adds each row's part number as ``part``."""
-    parts = _parts(directory, table)
-    found = [n for n in sorted(numbers) if n in parts]
-    if not found:
+def _scan(paths: Iterable[str], schema: pl.Schema, *, with_path: bool = False) -> pl.LazyFrame:
+    """The rows of the given part files of one table, in file order, as one scan; ``with_path`` adds each row's
+    file as ``path``."""
+    files = list(paths)
+    if not files:
         empty = pl.LazyFrame(schema=schema)
-        return empty.with_columns(pl.lit(None, pl.Int64).alias("part")) if with_part else empty
+        return empty.with_columns(pl.lit(None, pl.String).alias("path")) if with_path else empty
     try:
-        if not with_part:
-            return pl.scan_parquet([str(parts[n]) for n in found], schema=schema, missing_columns="insert")
-        return pl.concat(
-            [
-                pl.scan_parquet(str(parts[n]), schema=schema, missing_columns="insert").with_columns(
-                    pl.lit(n, pl.Int64).alias("part")
-                )
-                for n in found
-            ]
+        return pl.scan_parquet(
+            files,
+            schema=schema,
+            missing_columns="insert",
+            glob=False,
+            include_file_paths="path" if with_path else None,
         )
     except Exception as e:
+        folder = Path(files[0]).parent
         raise ValueError(
-            f"cannot read {table} transcripts in {directory} with schema version {SCHEMA_VERSION}: {e}"
+            f"cannot read {folder.name} transcripts in {folder.parent} with schema version {SCHEMA_VERSION}: {e}"
         ) from e
 
 
@@ -296,28 +351,48 @@ def _latest(frame: pl.LazyFrame) -> pl.LazyFrame:
     return frame.join(last, on=["negotiation_id", "attempt"], how="semi")
 
 
+def _read(directory: str | os.PathLike[str], build: Callable[[Visible], pl.LazyFrame]) -> pl.DataFrame:
+    """``build`` over the parts a reader sees, collected; read again if a writer replaced or removed any of them
+    meanwhile (a compaction or a rollback), so the rows are those of one state of the directory."""
+    d = Path(directory)
+    for _ in range(_READ_TRIES):
+        parts = visible(d)
+        try:
+            frame = build(parts).collect()
+        except Exception:
+            if visible(d).holds(parts):
+                raise
+            continue
+        if visible(d).holds(parts):
+            return frame
+    raise RuntimeError(f"the transcript parts in {d} changed during each of {_READ_TRIES} reads")
+
+
 def read_negotiations(directory: str | os.PathLike[str], *, latest: bool = False) -> pl.DataFrame:
     """All negotiation attempts in ``directory`` sorted by (negotiation_id, attempt); with ``latest`` only the
     latest attempt of each negotiation (an error attempt stays only while no later attempt exists)."""
-    d = Path(directory)
-    frame = _scan(d, "negotiations", NEGOTIATIONS_SCHEMA, _parts(d, "negotiations"))
-    if latest:
-        frame = _latest(frame)
-    return frame.sort("negotiation_id", "attempt").collect()
+
+    def build(parts: Visible) -> pl.LazyFrame:
+        frame = _scan(parts.negotiations.values(), NEGOTIATIONS_SCHEMA)
+        return (_latest(frame) if latest else frame).sort("negotiation_id", "attempt")
+
+    return _read(directory, build)
 
 
 def read_turns(directory: str | os.PathLike[str], *, latest: bool = False) -> pl.DataFrame:
     """Turns of the written negotiation attempts, sorted by (negotiation_id, attempt, index). A turns part
     whose negotiations part is not in place yet is ignored; ``latest`` keeps the latest attempts only."""
-    d = Path(directory)
-    numbers = _parts(d, "negotiations")
-    frame = _scan(d, "turns", TURNS_SCHEMA, numbers)
-    if latest:
-        # the latest attempt may have no turns at all (an agent that could not be built), so take the
-        # attempt numbers from the negotiations table
-        keys = _latest(_scan(d, "negotiations", NEGOTIATIONS_SCHEMA, numbers)).select("negotiation_id", "attempt")
-        frame = frame.join(keys, on=["negotiation_id", "attempt"], how="semi")
-    return frame.sort("negotiation_id", "attempt", "index").collect()
+
+    def build(parts: Visible) -> pl.LazyFrame:
+        frame = _scan(parts.turns.values(), TURNS_SCHEMA)
+        if latest:
+            # the latest attempt may have no turns at all (an agent that could not be built), so take the
+            # attempt numbers from the negotiations table
+            keys = _latest(_scan(parts.negotiations.values(), NEGOTIATIONS_SCHEMA)).select("negotiation_id", "attempt")
+            frame = frame.join(keys, on=["negotiation_id", "attempt"], how="semi")
+        return frame.sort("negotiation_id", "attempt", "index")
+
+    return _read(directory, build)
 
 
 def load_results(directory: str | os.PathLike[str], ids: Iterable[str]) -> dict[str, NegotiationResult]:
