@@ -3,7 +3,7 @@
     python bench/gpu_train.py --size 4.5b --steps 3                # E4B, LoRA or full as the preflight chooses
     python bench/gpu_train.py --size 31b --layers 12 --finetune lora   # the 31B's widths at 12 of its 60 layers
     python bench/gpu_train.py --dry                                # CPU: plans and parameter counts, all sizes
-    python bench/gpu_train.py --cpu-smoke --steps 1                # CPU: the same path on a 1.3M-parameter Gemma 4
+    python bench/gpu_train.py --cpu-smoke --steps 1                # CPU: the same path on a 1.7M-parameter Gemma 4
 
 The model is built from the published config (``nego.training.gemma4_shapes``, no download) as the class ``nego``
 loads (``Gemma4ForConditionalGeneration``, towers included), randomly initialised in bf16 and saved with a stand-in
@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--scenarios-per-step", type=int, default=2)
     ap.add_argument("--dev-scenarios", type=int, default=4, help="dev negotiations per buyer at start and end")
+    ap.add_argument("--turn-tokens", type=int, default=0, help="cap on one seller turn's tokens (0: nego train's)")
+    ap.add_argument("--train-scenarios", type=int, default=0, help="training scenarios (0: nego train's default)")
     ap.add_argument("--vllm", choices=["auto", "on", "off"], default="auto", help="auto: colocated if installed")
     ap.add_argument("--name", default="", help="registry name (default: bench-<size>)")
     ap.add_argument("--work", default="", help="directory for the checkpoint and run (default: a temporary one)")
@@ -131,7 +133,7 @@ def dry(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
     from nego.training import grpo
-    from nego.training.config import TrainConfig
+    from nego.training.config import TrainConfig, field_default
     from nego.training.preflight import PreflightError, plan, visible_gpu_bytes
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt, tok, model_config, label = build_checkpoint(args, work / "model", cuda)
     use_vllm = args.vllm == "on" or (args.vllm == "auto" and cuda and vllm_serves(type(model_config).__name__))
     name = args.name or f"bench-{args.size}" + ("-smoke" if args.cpu_smoke else "")
+    turn_tokens = args.turn_tokens or field_default("turn_tokens")
     cfg = TrainConfig(
         model=f"hf:{ckpt}",
         name=name,
@@ -152,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
         save_every=0,
         threads=1 if args.cpu_smoke else 2,
         use_vllm=use_vllm,
+        turn_tokens=turn_tokens,
         finetune="lora" if args.finetune == "auto" else args.finetune,
-        max_tokens=worst_case_episode(tok, args.max_rounds),
+        max_tokens=worst_case_episode(tok, args.max_rounds, turn_tokens),
+        **({"train_scenarios": args.train_scenarios} if args.train_scenarios else {}),
     ).validate()
     given = {"max_tokens"} | ({"finetune"} if args.finetune != "auto" else set())
     from nego.training.episode_lengths import measure_episode_lengths
@@ -236,9 +241,9 @@ def vllm_serves(config_class: str) -> bool:
         return False
 
 
-def worst_case_episode(tok, max_rounds: int) -> int:
-    """Tokens after the prompt when every seller attempt is an unparseable reply of the full reply length: rounds x
-    attempts x (reply + EOS + the feedback message that follows it)."""
+def worst_case_episode(tok, max_rounds: int, max_new: int) -> int:
+    """Tokens after the prompt when every seller attempt is an unparseable reply of the full reply length
+    (``max_new``): rounds x attempts x (reply + EOS + the feedback message that follows it)."""
     from nego.agents.llm.chat_layout import CHAT_TEMPLATE
     from nego.agents.llm.parsing import parse_text
     from nego.agents.llm.prompts import load_template
@@ -246,10 +251,8 @@ def worst_case_episode(tok, max_rounds: int) -> int:
     from nego.market.types import ActionKind, Observation, Offer, PublicMove
     from nego.scenarios.scenario import Role
     from nego.training.chat_rollout import user_suffix_ids
-    from nego.training.config import field_default
     from nego.training.rollout import split_scenarios
 
-    max_new = field_default("turn_tokens")
     attempts = 1 + ProtocolConfig().max_retries
     template = load_template(CHAT_TEMPLATE)
     update = 0

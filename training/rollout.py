@@ -72,13 +72,16 @@ def step_jobs(
     return jobs
 
 
-def to_trl(samples: Sequence[Sample], max_tokens: int) -> dict[str, list]:
+def to_trl(samples: Sequence[Sample], max_tokens: int, filler: int = 0) -> dict[str, list]:
     """TRL's rollout dict: one sequence per negotiation (own tokens in the loss, ``env_mask`` 1; the rest context),
     the reward the trainer scores, and the scenario id for alignment checks. Only here do records become dicts.
 
     An episode longer than ``max_tokens`` after its prompt keeps its row (its group still needs its reward) but is cut
     to the cap with every token out of the loss, so nothing is learned from a tail the trainer never saw; the
-    ``over_cap`` column counts them for the training log."""
+    ``over_cap`` column counts them for the training log. An episode whose trace is empty (the seller never spoke:
+    the buyer walked away or the clock ran out first) keeps its row the same way, as one ``filler`` id of prompt and
+    one of completion, out of the loss: TRL reads every row's last completion id, and an empty row has none. The
+    filler should be the tokenizer's pad id (0 is the compact vocabulary's), which TRL counts as a finished reply."""
     out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward")}
     out["scenario_id"], out["over_cap"] = [], []
     for r in samples:
@@ -87,7 +90,9 @@ def to_trl(samples: Sequence[Sample], max_tokens: int) -> dict[str, list]:
         over = len(ids) > max_tokens
         if over:
             ids, logprobs, mask = ids[:max_tokens], logprobs[:max_tokens], [0] * max_tokens
-        out["prompt_ids"].append(list(t.prompt_ids))
+        if not ids:
+            ids, logprobs, mask = [filler], [0.0], [0]
+        out["prompt_ids"].append(list(t.prompt_ids) or [filler])
         out["completion_ids"].append(ids)
         out["logprobs"].append(logprobs)
         out["env_mask"].append(mask)
@@ -130,6 +135,14 @@ class RolloutStats:
         self.seconds = seconds
         self.tokens = sum(len(r.trace) for r in rollouts)
         self.generated = sum(r.trace.own_tokens for r in rollouts)
+
+
+def filler_id(tokenizer: Any) -> int:
+    """The id :func:`to_trl` gives an empty episode: the tokenizer's pad id, else its EOS, else 0."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if isinstance(token_id, int):
+            return token_id
+    return 0
 
 
 class MarketRollout:
@@ -191,7 +204,7 @@ class MarketRollout:
             model.train(was_training)
             self.policy.finish()
         self.stats.record(self.last, time.perf_counter() - t0)
-        out = to_trl([r.sample for r in self.last], self.max_tokens)
+        out = to_trl([r.sample for r in self.last], self.max_tokens, filler_id(self.tokenizer))
         self.stats.over_cap = sum(out["over_cap"])
         return out
 
