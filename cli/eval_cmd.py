@@ -115,7 +115,8 @@ def eval_(**values: Any) -> None:
     for line in warning_lines(result.trained_against_held_out):
         console.print(f"[yellow]warning:[/yellow] {line}")
     console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}")
-    exit_for_errors(_latest_attempts(config.out, result.metrics), console, "negotiations")
+    arms = result.metrics.filter(pl.col("arm").is_in(config.sellers))  # the exit status speaks of the arms
+    exit_for_errors(_latest_attempts(config.out, arms), console, "negotiations")
 
 
 def _latest_attempts(out: Path, metrics: Any) -> Any:

@@ -251,6 +251,7 @@ def compare(metrics: pl.DataFrame, arms: Sequence[str], *, resamples: int, seed:
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
+VERSUS_COLUMNS = ("best_rule", "vs_best", "vs_best_low", "vs_best_high", "vs_best_pairs")
 REFERENCE_KIND = "reference"
 ARM_KIND = "arm"
 
@@ -315,18 +316,21 @@ def with_references(
     refs = pl.concat(
         [compare(metrics, (ref,), resamples=resamples, seed=seed) for ref in references], how="diagonal_relaxed"
     )
-    best = _best_references(refs)
-    arms = set(comparisons["arm"])
+    best = _best_references(refs) if not refs.is_empty() else {}
+    arms = set(comparisons["arm"]) if not comparisons.is_empty() else set()
     rows = []
     for group, frame in _groups(metrics):
         ok = frame.filter(~pl.col("error"))
         gaps = dict(ok.group_by("arm").agg(pl.col("optimality_gap").mean()).iter_rows())
-        for r in comparisons.filter(pl.col("group") == group).iter_rows(named=True):
+        mine = comparisons.filter(pl.col("group") == group) if arms else comparisons
+        for r in mine.iter_rows(named=True):
             versus = _versus_best(ok, r["arm"], best.get(group), resamples, seed)
             marks = {"kind": ARM_KIND, "reference": r["arm"] in references, "optimality_gap": gaps.get(r["arm"])}
             rows.append(r | marks | versus)
-        for r in refs.filter((pl.col("group") == group) & ~pl.col("arm").is_in(arms)).iter_rows(named=True):
-            rows.append(r | {"kind": REFERENCE_KIND, "reference": True, "optimality_gap": gaps.get(r["arm"])})
+        theirs = refs.filter((pl.col("group") == group) & ~pl.col("arm").is_in(arms)) if not refs.is_empty() else refs
+        for r in theirs.iter_rows(named=True):
+            marks = {"kind": REFERENCE_KIND, "reference": True, "optimality_gap": gaps.get(r["arm"])}
+            rows.append(r | marks | dict.fromkeys(VERSUS_COLUMNS))
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
