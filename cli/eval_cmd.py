@@ -29,17 +29,23 @@ def _console() -> Console:
 
 def summary_tables(comparisons: pl.DataFrame, width: int) -> list[Table]:
     """The rich summary, one table per buyer group (the pooled suite first): per arm, score with interval, deal
-    rate, gain over base with p-values. Arm and buyer names are never cut; the tables share their column widths;
-    on a terminal too narrow for all columns the scenario count, then the unadjusted p-value are left out."""
+    rate, gain over base with p-values; with reference sellers, their rows after the arms' (marked ``(ref)``), the
+    mean optimality gap, and per buyer each arm's paired difference from the best reference with that reference's
+    name. Arm and buyer names are never cut; the tables share their column widths; on a terminal too narrow for all
+    columns the scenario count, then the unadjusted p-value, then the gap are left out."""
     from nego.evaluation.report import format_p
     from nego.evaluation.runner import SUITE_GROUP
 
     if comparisons.is_empty():  # no arm had a negotiation without error
         return []
     headers = ("arm", "n", "scenarios", "score [95% CI]", "deal", "gain vs base [95% CI]", "p", "p Holm")
-    rows = [
-        (
-            r["arm"],
+    referenced = "kind" in comparisons.columns
+    if referenced:
+        headers += ("gap", "vs best rule seller [95% CI]", "best rule")
+    rows = []
+    for r in comparisons.iter_rows(named=True):
+        row = (
+            r["arm"] + (" (ref)" if r.get("kind") == "reference" else ""),
             str(r["n"]),
             str(r["clusters"]),
             _interval(r["score"], r["score_low"], r["score_high"]),
@@ -48,9 +54,12 @@ def summary_tables(comparisons: pl.DataFrame, width: int) -> list[Table]:
             format_p(r["p_value"]),
             format_p(r["p_holm"]),
         )
-        for r in comparisons.iter_rows(named=True)
-    ]
-    layout = Layout.of(headers, rows).fit(width, optional=("scenarios", "p"))
+        if referenced:
+            gap = "" if r["optimality_gap"] is None else f"{r['optimality_gap']:.3f}"
+            versus = _interval(r["vs_best"], r["vs_best_low"], r["vs_best_high"], signed=True)
+            row += (gap, versus, r["best_rule"] or "")
+        rows.append(row)
+    layout = Layout.of(headers, rows).fit(width, optional=("scenarios", "p", "gap"))
     tables = []
     for group in comparisons["group"].unique(maintain_order=True):
         title = "suite (held-out buyers pooled)" if group == SUITE_GROUP else f"buyer {group}"
@@ -91,6 +100,13 @@ def eval_(**values: Any) -> None:
         f"{len(s.scenarios)} scenarios; played now: {result.played}"
     )
     console.print(title, highlight=False)
+    if result.references:
+        console.print(
+            f"reference sellers on the same negotiations: {', '.join(result.references)}; "
+            "--baselines none leaves them out",
+            highlight=False,
+            markup=False,
+        )
     for table in summary_tables(result.comparisons, console.width):
         console.print()
         console.print(table)
@@ -99,7 +115,8 @@ def eval_(**values: Any) -> None:
     for line in warning_lines(result.trained_against_held_out):
         console.print(f"[yellow]warning:[/yellow] {line}")
     console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}")
-    exit_for_errors(_latest_attempts(config.out, result.metrics), console, "negotiations")
+    arms = result.metrics.filter(pl.col("arm").is_in(config.sellers))  # the exit status speaks of the arms
+    exit_for_errors(_latest_attempts(config.out, arms), console, "negotiations")
 
 
 def _latest_attempts(out: Path, metrics: Any) -> Any:

@@ -19,6 +19,11 @@ from nego.agents.threads import THREADS_HELP
 from .stats import DEFAULT_RESAMPLES
 from .suites import DEFAULT_BUYERS, DIAGNOSTIC_BUYER
 
+DEFAULT_BASELINES = ("boulware", "linear", "conceder", "tft", "hardliner", "random")
+"""The reference sellers of ``--baselines default``: the built-in rule sellers at their default parameters."""
+
+BASELINE_KEYWORDS = ("default", "none")
+
 
 def _f(default: Any = MISSING, help: str = "", **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
@@ -42,6 +47,11 @@ class EvalConfig:
         True, "Compute the optimality gap against rule-based buyers (by replaying them).", flag="--gap/--no-gap"
     )
     threads: int = _f(0, THREADS_HELP)
+    baselines: tuple[str, ...] = _f(
+        DEFAULT_BASELINES,
+        "Reference sellers played beside the arms on the same negotiations, so that each arm is shown against the "
+        "best of them per buyer: 'default' (the built-in rule sellers), 'none', or seller specs, comma-separated.",
+    )
     per_kind: Mapping[str, int] = field(default_factory=dict)
     """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency`` (``--per-kind``)."""
     play: Mapping[str, Any] = field(default_factory=dict)
@@ -59,6 +69,20 @@ class EvalConfig:
             raise ValueError(f"resamples must be >= 1000 for a stable 95% interval, got {self.resamples}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = automatic), got {self.threads}")
+        object.__setattr__(self, "baselines", _baselines(self.baselines))
+
+
+def _baselines(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``baselines`` with its keywords replaced: ``default`` by :data:`DEFAULT_BASELINES`, ``none`` by nothing."""
+    specs = (value,) if isinstance(value, str) else tuple(value)
+    words = [s for s in specs if s.strip().lower() in BASELINE_KEYWORDS]
+    if words and len(specs) > 1:
+        raise ValueError(f"baselines: {words[0]!r} stands alone, not in a list of specs; got {list(specs)}")
+    if words:
+        return DEFAULT_BASELINES if words[0].strip().lower() == "default" else ()
+    if len(set(specs)) != len(specs):
+        raise ValueError(f"baseline specs must be distinct, got {list(specs)}")
+    return specs
 
 
 LAUNCHER_KINDS = ("local", "submitit-local", "submitit-debug", "slurm")

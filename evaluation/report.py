@@ -69,19 +69,26 @@ def _groups(comparisons: pl.DataFrame) -> list[str]:
 
 
 def _plot_scores(plt, run: RunTables, path: Path) -> None:
+    """Arms as circles in the C0, C1, ... colours; reference sellers as grey diamonds beside them."""
     c = run.comparisons
     groups, arms = _groups(c), run.manifest["sellers"]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups), 3.6))
-    width = 0.8 / max(1, len(arms))
-    for k, arm in enumerate(arms):
-        rows = c.filter(pl.col("arm") == arm)
-        xs = [groups.index(g) + (k - (len(arms) - 1) / 2) * width for g in rows["group"]]
+    references = [r for r in run.manifest.get("baselines") or [] if r not in arms]
+    sellers = [*arms, *references]
+    fig, ax = plt.subplots(figsize=(1.6 + (1.4 + 0.15 * len(references)) * len(groups), 3.6))
+    width = 0.8 / max(1, len(sellers))
+    for k, seller in enumerate(sellers):
+        rows = c.filter(pl.col("arm") == seller)  # one row per group: a reference that is an arm is shown as the arm
+        xs = [groups.index(g) + (k - (len(sellers) - 1) / 2) * width for g in rows["group"]]
         err = [rows["score"] - rows["score_low"], rows["score_high"] - rows["score"]]
-        ax.errorbar(xs, rows["score"], yerr=err, fmt="o", capsize=3, label=arm)
+        if seller in references:
+            shade = str(0.15 + 0.5 * references.index(seller) / max(1, len(references)))
+            ax.errorbar(xs, rows["score"], yerr=err, fmt="D", ms=4, capsize=2, color=shade, label=f"{seller} (ref)")
+        else:
+            ax.errorbar(xs, rows["score"], yerr=err, fmt="o", capsize=3, color=f"C{k}", label=seller)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("seller score (mean utility)")
-    ax.set_title("Score per arm and buyer, 95% cluster-bootstrap interval")
-    ax.legend(fontsize=8)
+    ax.set_title("Score per seller and buyer, 95% cluster-bootstrap interval")
+    ax.legend(fontsize=7 if references else 8, ncol=2 if len(sellers) > 4 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -136,10 +143,11 @@ def _plot_deal_vs_score(plt, run: RunTables, path: Path) -> None:
 
 def concession_table(run: RunTables, per_arm: int = 3) -> pl.DataFrame:
     """Seller offers of a sample of suite negotiations, one row per (offer, issue): the seller's own normalised
-    value of that issue in that offer, by round. The sample takes the same suite keys for every arm."""
+    value of that issue in that offer, by round. The sample takes the same suite keys for every arm (arms only, not
+    the reference sellers)."""
     suite = load_suite(run.manifest["suite_source"])
     variants = suite.variants()
-    m = run.metrics.filter(~pl.col("diagnostic"))
+    m = run.metrics.filter(~pl.col("diagnostic") & pl.col("arm").is_in(run.manifest["sellers"]))
     keys = m["key"].unique(maintain_order=True).to_list()[:: max(1, m["key"].n_unique() // per_arm)][:per_arm]
     sample = m.filter(pl.col("key").is_in(keys)).select("negotiation_id", "arm", "key", "scenario_hash")
     turns = read_turns(run.directory / "transcripts", latest=True)
@@ -194,23 +202,57 @@ def _plot_concessions(plt, run: RunTables, path: Path) -> None:
 
 
 def comparison_markdown(comparisons: pl.DataFrame, base: str) -> list[str]:
-    """One Markdown table per buyer group: score, deal rate and the paired gain over ``base``."""
+    """One Markdown table per buyer group: score, deal rate and the paired gain over ``base``; with reference
+    sellers, each arm's mean optimality gap and paired difference from the best reference against that buyer, and
+    the reference block (score, deal rate, gap) after the arms."""
+    referenced = "kind" in comparisons.columns
     lines = []
     for group in _groups(comparisons):
         rows = comparisons.filter(pl.col("group") == group)
         title = "All held-out buyers (the suite)" if group == SUITE_GROUP else f"Buyer: `{group}`"
         lines += [f"### {title}", ""]
-        lines.append(f"| arm | n | scenarios | score [95% CI] | deal rate | gain vs `{base}` [95% CI] | p | p (Holm) |")
-        lines.append("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |")
+        head = f"| arm | n | scenarios | score [95% CI] | deal rate | gain vs `{base}` [95% CI] | p | p (Holm) |"
+        rule = "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |"
+        if referenced:
+            head += " optimality gap | vs best rule seller [95% CI] | best rule seller |"
+            rule += " ---: | --- | --- |"
+            rows = rows.filter(pl.col("kind") == "arm")
+        lines += [head, rule]
         for r in rows.iter_rows(named=True):
-            lines.append(
+            line = (
                 f"| `{r['arm']}` | {r['n']} | {r['clusters']} "
                 f"| {format_interval(r['score'], r['score_low'], r['score_high'])} "
                 f"| {r['deal_rate']:.3f} | {format_interval(r['gain'], r['gain_low'], r['gain_high'], signed=True)} "
                 f"| {format_p(r['p_value'])} | {format_p(r['p_holm'])} |"
             )
+            if referenced:
+                best = f"`{r['best_rule']}`" if r["best_rule"] else ""
+                line += (
+                    f" {_number(r['optimality_gap'])} "
+                    f"| {format_interval(r['vs_best'], r['vs_best_low'], r['vs_best_high'], signed=True)} | {best} |"
+                )
+            lines.append(line)
         lines.append("")
+        if referenced:
+            lines += _reference_markdown(comparisons.filter((pl.col("group") == group) & pl.col("reference")))
     return lines
+
+
+def _reference_markdown(rows: pl.DataFrame) -> list[str]:
+    """The reference sellers of one buyer group (an arm that is one of them too)."""
+    lines = ["Reference sellers on the same negotiations:", ""]
+    lines += ["| reference | n | score [95% CI] | deal rate | optimality gap |", "| --- | ---: | --- | ---: | ---: |"]
+    for r in rows.iter_rows(named=True):
+        name = f"`{r['arm']}`" + (" (arm)" if r["kind"] == "arm" else "")
+        lines.append(
+            f"| {name} | {r['n']} | {format_interval(r['score'], r['score_low'], r['score_high'])} "
+            f"| {r['deal_rate']:.3f} | {_number(r['optimality_gap'])} |"
+        )
+    return [*lines, ""]
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def _metrics_markdown(metrics: pl.DataFrame) -> list[str]:
@@ -240,6 +282,7 @@ def write_report(directory: Path) -> Path:
         f"- n = {per_arm.height} negotiations per arm over {per_arm['scenario_id'].n_unique()} scenarios "
         f"(clusters); held-out buyers {', '.join(f'`{b}`' for b in man['buyers'])}{diag}",
         f"- base arm: `{man['sellers'][0]}`; gains are paired differences (arm - base) on identical negotiations",
+        *_reference_line(man.get("baselines") or []),
         *_play_line(man.get("play") or {}),
         *(f"- **not held out:** {line}" for line in warning_lines(man.get("trained_against_held_out") or {})),
         "",
@@ -273,6 +316,16 @@ def write_report(directory: Path) -> Path:
     path = run.directory / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _reference_line(references: list[str]) -> list[str]:
+    if not references:
+        return []
+    return [
+        f"- reference sellers {', '.join(f'`{r}`' for r in references)} on the same negotiations (not arms: no gain "
+        "over base, no part in the Holm correction); each arm is shown against the best of them per buyer "
+        "(highest mean score), as a paired difference on the negotiations both played"
+    ]
 
 
 def _play_line(play: dict) -> list[str]:

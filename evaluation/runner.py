@@ -1,8 +1,13 @@
 """Evaluation arms: play every seller arm on a suite through the marketplace, then compute metrics and paired
 comparisons.
 
-A run directory holds ``run.json`` (suite, hash, arms, buyers), ``transcripts/`` (the marketplace's resumable
-Parquet transcripts), ``metrics.parquet`` (one row per negotiation) and ``comparisons.parquet``. Rerunning the
+Reference sellers (``EvalConfig.baselines``, the built-in rule sellers by default) are played beside the arms on the
+same suite slots and seeds, as jobs labelled with their own spec like an arm's, so that each arm is shown against the
+best of them per buyer; they are not arms: no gain over the base, no part in its Holm correction.
+
+A run directory holds ``run.json`` (suite, hash, arms, the specs played as references under ``baselines``, buyers),
+``transcripts/`` (the marketplace's resumable Parquet transcripts), ``metrics.parquet`` (one row per negotiation,
+the references' too) and ``comparisons.parquet`` (see :func:`compare` and :func:`with_references`). Rerunning the
 same command resumes: negotiations already in the transcripts are read back, not played again.
 """
 
@@ -68,13 +73,16 @@ def plan(suite: Suite, sellers: Sequence[str], buyers: Sequence[str], diagnostic
     return out
 
 
-def _write_manifest(config: EvalConfig, suite: Suite, overlap: dict[str, list[str]]) -> None:
+def _write_manifest(
+    config: EvalConfig, suite: Suite, overlap: dict[str, list[str]], references: Sequence[str] = ()
+) -> None:
     path = config.out / "run.json"
     manifest = {
         "suite": suite.name,
         "suite_source": config.suite if config.suite in RECIPES else str(Path(config.suite).resolve()),
         "suite_hash": suite.content_hash(),
         "sellers": list(config.sellers),
+        "baselines": list(references),
         "buyers": list(config.buyers),
         "diagnostic": config.diagnostic,
         "resamples": config.resamples,
@@ -243,6 +251,89 @@ def compare(metrics: pl.DataFrame, arms: Sequence[str], *, resamples: int, seed:
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
+VERSUS_COLUMNS = ("best_rule", "vs_best", "vs_best_low", "vs_best_high", "vs_best_pairs")
+REFERENCE_KIND = "reference"
+ARM_KIND = "arm"
+
+
+def references_to_play(arms: Sequence[str], baselines: Sequence[str], factories: FactorySource) -> tuple[str, ...]:
+    """The seller spec each baseline is played as: the arm's own spec when the baseline is one of the arms (by
+    literal spec, or the same rule seller under another name, ``boulware`` and ``timedep:e=0.2``), so that it is not
+    played twice; otherwise the baseline spec itself, which labels its negotiations in the transcripts."""
+    from nego.agents.registry import rule_family
+
+    def canonical(spec: str) -> str:
+        return getattr(factories(spec), "spec", spec) if rule_family(spec) is not None else spec
+
+    by_canonical = {canonical(arm): arm for arm in arms}
+    out: list[str] = []
+    for spec in baselines:
+        played = spec if spec in arms else by_canonical.get(canonical(spec), spec)
+        if played not in out:
+            out.append(played)
+    return tuple(out)
+
+
+def _best_references(references: pl.DataFrame) -> dict[str, str]:
+    """Per buyer group (not the pooled suite), the reference with the highest mean score; the first listed on a tie."""
+    best: dict[str, tuple[str, float]] = {}
+    for r in references.filter(pl.col("group") != SUITE_GROUP).iter_rows(named=True):
+        if r["score"] is not None and (r["group"] not in best or r["score"] > best[r["group"]][1]):
+            best[r["group"]] = (r["arm"], r["score"])
+    return {group: arm for group, (arm, _) in best.items()}
+
+
+def _versus_best(ok: pl.DataFrame, arm: str, best: str | None, resamples: int, seed: int) -> dict:
+    """The paired difference arm - best reference over the negotiations both finished without an error."""
+    none = {"best_rule": best, "vs_best": None, "vs_best_low": None, "vs_best_high": None, "vs_best_pairs": 0}
+    if best is None:
+        return none | {"vs_best_pairs": None}
+    ref = ok.filter(pl.col("arm") == best).select("key", "scenario_id", pl.col("score").alias("best"))
+    pairs = ref.join(ok.filter(pl.col("arm") == arm).select("key", "score"), on="key", how="inner")
+    if pairs.is_empty():
+        return none
+    c = paired_comparison(pairs["best"], pairs["score"], pairs["scenario_id"], resamples=resamples, seed=seed)
+    return none | {
+        "vs_best": c.gain.mean,
+        "vs_best_low": c.gain.low,
+        "vs_best_high": c.gain.high,
+        "vs_best_pairs": pairs.height,
+    }
+
+
+def with_references(
+    comparisons: pl.DataFrame, metrics: pl.DataFrame, references: Sequence[str], *, resamples: int, seed: int
+) -> pl.DataFrame:
+    """``comparisons`` (the arms' rows from :func:`compare`, ``kind`` "arm") with the reference block after them in
+    each buyer group: a row per reference seller that is not an arm (``kind`` "reference": the numbers
+    :func:`compare` gives it as an arm of its own; no gain, no part in the arms' Holm correction). ``reference``
+    marks every reference seller's row, an arm's too, so that each seller keeps one row per group. On each arm row
+    of a buyer (not the pooled suite): the best reference against that buyer (``best_rule``: highest mean score)
+    and the paired difference arm - best (``vs_best`` with its interval, on ``vs_best_pairs`` pairs); on every row
+    the mean optimality gap. Without references, ``comparisons`` as it is."""
+    if not references:
+        return comparisons
+    refs = pl.concat(
+        [compare(metrics, (ref,), resamples=resamples, seed=seed) for ref in references], how="diagonal_relaxed"
+    )
+    best = _best_references(refs) if not refs.is_empty() else {}
+    arms = set(comparisons["arm"]) if not comparisons.is_empty() else set()
+    rows = []
+    for group, frame in _groups(metrics):
+        ok = frame.filter(~pl.col("error"))
+        gaps = dict(ok.group_by("arm").agg(pl.col("optimality_gap").mean()).iter_rows())
+        mine = comparisons.filter(pl.col("group") == group) if arms else comparisons
+        for r in mine.iter_rows(named=True):
+            versus = _versus_best(ok, r["arm"], best.get(group), resamples, seed)
+            marks = {"kind": ARM_KIND, "reference": r["arm"] in references, "optimality_gap": gaps.get(r["arm"])}
+            rows.append(r | marks | versus)
+        theirs = refs.filter((pl.col("group") == group) & ~pl.col("arm").is_in(arms)) if not refs.is_empty() else refs
+        for r in theirs.iter_rows(named=True):
+            marks = {"kind": REFERENCE_KIND, "reference": True, "optimality_gap": gaps.get(r["arm"])}
+            rows.append(r | marks | dict.fromkeys(VERSUS_COLUMNS))
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
 @dataclass(frozen=True, slots=True)
 class EvalResult:
     """What an evaluation produced: the suite, per-negotiation metrics and the comparison table."""
@@ -253,6 +344,8 @@ class EvalResult:
     played: int
     trained_against_held_out: dict[str, list[str]] = field(default_factory=dict)
     """Arms that are registered models trained against a family this evaluation holds out (see ``leakage``)."""
+    references: tuple[str, ...] = ()
+    """The specs played as reference sellers (an arm's own spec where a baseline is one of the arms)."""
 
 
 def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> EvalResult:
@@ -262,19 +355,22 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
 
         factories = resolve
     suite = load_suite(config.suite)
-    jobs = plan(suite, config.sellers, config.buyers, config.diagnostic)
+    references = references_to_play(config.sellers, config.baselines, factories)
+    sellers = (*config.sellers, *(r for r in references if r not in config.sellers))
+    jobs = plan(suite, sellers, config.buyers, config.diagnostic)
     overlap = trained_against(config.sellers, [*config.buyers, *([config.diagnostic] if config.diagnostic else [])])
     for line in warning_lines(overlap):
         logger.warning("%s", line)
     with exclusive_run(config.out, f"nego eval --out {config.out}"):
-        _write_manifest(config, suite, overlap)
+        _write_manifest(config, suite, overlap, references)
         played = asyncio.run(play(config, factories, jobs))
         metrics = metrics_table(config, suite, jobs, factories)
         comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
+        comparisons = with_references(comparisons, metrics, references, resamples=config.resamples, seed=config.seed)
         comparisons.write_parquet(config.out / "comparisons.parquet")
     errors = int(metrics["error"].sum())
     if errors:
         logger.warning(
             "%d negotiation(s) ended in an error and are left out of the comparisons; rerun to retry", errors
         )
-    return EvalResult(suite, metrics, comparisons, played, overlap)
+    return EvalResult(suite, metrics, comparisons, played, overlap, references)

@@ -52,7 +52,7 @@ def config(tmp_path, suite, **kw) -> EvalConfig:
 
 
 def test_an_interrupted_eval_resumes_without_duplicate_rows(tmp_path, tiny_suite_path):
-    cfg = config(tmp_path / "run", tiny_suite_path)
+    cfg = config(tmp_path / "run", tiny_suite_path, baselines=())
     planned = plan(load_suite(str(tiny_suite_path)), ARMS, cfg.buyers, cfg.diagnostic)
     with pytest.raises(Interrupted):
         evaluate(cfg, InterruptAfter(20))
@@ -63,13 +63,13 @@ def test_an_interrupted_eval_resumes_without_duplicate_rows(tmp_path, tiny_suite
     assert rows.height == len(planned) == rows["negotiation_id"].n_unique()
     assert result.played == len(planned) - first.height
     assert result.metrics.height == len(planned) == result.metrics["negotiation_id"].n_unique()
-    fresh = evaluate(config(tmp_path / "fresh", tiny_suite_path), resolve)
+    fresh = evaluate(config(tmp_path / "fresh", tiny_suite_path, baselines=()), resolve)
     cols = ["arm", "key", "score", "deal", "optimality_gap"]
     assert result.metrics.select(cols).sort("arm", "key").equals(fresh.metrics.select(cols).sort("arm", "key"))
 
 
 def test_eval_pairs_arms_per_buyer_and_reports_n(tmp_path, tiny_suite_path):
-    result = evaluate(config(tmp_path, tiny_suite_path), resolve)
+    result = evaluate(config(tmp_path, tiny_suite_path, baselines=()), resolve)
     c = result.comparisons
     assert c["group"].unique(maintain_order=True).to_list() == ["suite", "walker", "picky", "hardliner"]
     suite_rows = c.filter(pl.col("group") == "suite")
