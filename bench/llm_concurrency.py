@@ -8,7 +8,8 @@ and ``sdk``, the ``openai`` package on its aiohttp transport):
 - market: ``Marketplace.run`` of N negotiations (widget scenario, both sides ``openai:bench-model`` through the
   client, prompts rendered, replies parsed, retries and limits in place), all N at once;
 - bare: N coroutines at once, each sending one negotiation's worth of requests through the same client one after
-  another (the very requests the market run sent, replayed with the same client settings), and nothing else.
+  another (the very requests the market sends, recorded in an untimed run first and replayed with the same client
+  settings), and nothing else.
 
 The arms alternate (market and bare of each client, every repeat), so load from other jobs falls on all of them.
 Printed: the best client CPU per call of each bare loop (this process only; the server runs elsewhere), the lean
@@ -86,16 +87,19 @@ Timing = tuple[float, float]
 """Wall seconds and this process's CPU seconds."""
 
 
-async def run_market(jobs: list[Job], settings: LLMSettings, sent: list[dict]) -> tuple[Timing, list[int], int]:
+async def run_market(jobs: list[Job], settings: LLMSettings, sent: list[dict] | None) -> tuple[Timing, list[int], int]:
+    """One market run; with ``sent``, every request body is recorded there (an untimed run: the bodies it keeps
+    alive would make the collector's passes in the timed run longer)."""
     factory = resolve_model_spec(SPEC, settings)
-    build = factory.backend._kwargs
+    if sent is not None:
+        build = factory.backend._kwargs
 
-    def record(request):  # the bare loop replays exactly these requests
-        kwargs = build(request)
-        sent.append(kwargs)
-        return kwargs
+        def record(request):  # the bare loop replays exactly these requests
+            kwargs = build(request)
+            sent.append(kwargs)
+            return kwargs
 
-    factory.backend._kwargs = record
+        factory.backend._kwargs = record
     market = Marketplace({SPEC: factory}, concurrency=len(jobs))
     start, cpu = time.perf_counter(), time.process_time()
     results = await market.run(jobs)
@@ -138,15 +142,20 @@ def measure(args: argparse.Namespace, url: str, clients: list[str]) -> tuple[dic
     jobs = [Job(widget_scenario(), SPEC, SPEC, seed) for seed in range(args.n)]
     market: dict[str, list[Timing]] = {c: [] for c in clients}
     bare: dict[str, list[Timing]] = {c: [] for c in clients}
+    settings = {c: LLMSettings(base_url=url, limits=RateLimits(concurrency=args.n), client=c) for c in clients}
+    sent: dict[str, list[dict]] = {c: [] for c in clients}
     calls, errors = [], 0
+    for client in clients:  # seeded runs send the same requests every time: record them once, untimed
+        _, calls, errs = asyncio.run(run_market(jobs, settings[client], sent[client]))
+        errors += errs
     for rep in range(args.repeat):
         for client in clients if rep % 2 == 0 else clients[::-1]:
-            settings = LLMSettings(base_url=url, limits=RateLimits(concurrency=args.n), client=client)
-            sent: list[dict] = []
-            wall, calls, errs = asyncio.run(run_market(jobs, settings, sent))
+            wall, run_calls, errs = asyncio.run(run_market(jobs, settings[client], None))
+            if run_calls != calls:
+                raise SystemExit(f"the {client} market run made other calls than the recorded one")
             market[client].append(wall)
             errors += errs
-            bare[client].append(asyncio.run(run_bare(client, calls, sent, url, args.n)))
+            bare[client].append(asyncio.run(run_bare(client, calls, sent[client], url, args.n)))
     return market, bare, calls, errors
 
 
