@@ -18,6 +18,8 @@ class ModelOptions:
     prices: Path | None = None
     temperature: float | None = None
     max_tokens: int | None = None
+    client: str | None = None
+    """Who sends ``openai:`` and ``vllm:`` requests: "lean" or "sdk" (None: ``NEGO_OPENAI_CLIENT``, else lean)."""
 
     def settings(self) -> Any:
         """The :class:`nego.agents.model_specs.LLMSettings` these options describe (environment for the rest)."""
@@ -37,4 +39,6 @@ class ModelOptions:
             overrides["temperature"] = self.temperature
         if self.max_tokens is not None:
             overrides["max_tokens"] = self.max_tokens
+        if self.client is not None:
+            overrides["client"] = self.client
         return LLMSettings.from_env(**overrides)

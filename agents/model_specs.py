@@ -8,6 +8,7 @@ Provider SDKs, torch and transformers are imported only when a spec needs them.
 Spec forms:
 
 - ``openai:MODEL``: the OpenAI API (``OPENAI_API_KEY``; ``OPENAI_BASE_URL`` or ``--base-url`` for another server)
+  through nego's lean client, or the ``openai`` SDK with ``--client sdk`` (``NEGO_OPENAI_CLIENT=sdk``), as for vLLM
 - ``anthropic:MODEL``: the Anthropic API (``ANTHROPIC_API_KEY``; ``ANTHROPIC_BASE_URL``)
 - ``vllm:MODEL@URL``: an OpenAI-compatible server at URL (``vllm serve``); tools only with ``--tools``
 - ``hf:PATH_OR_ID``: a transformers chat model in this process
@@ -49,6 +50,10 @@ LLM_EXTRA_HINT = "install the LLM extra: pip install 'nego[llm]'"
 TRAIN_EXTRA_HINT = "install the training extra (torch, transformers): pip install 'nego[train]'"
 
 
+OPENAI_CLIENTS = ("lean", "sdk")
+"""The clients ``openai:`` and ``vllm:`` specs can be played through (``--client``, ``NEGO_OPENAI_CLIENT``)."""
+
+
 class ModelSpecError(ValueError):
     """A model spec that cannot be played here, with what to do about it."""
 
@@ -70,11 +75,21 @@ class LLMSettings:
     limits: RateLimits = field(default_factory=RateLimits)
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     prices: PriceTable = field(default_factory=PriceTable)
+    client: str = "lean"
+    """Who sends ``openai:`` and ``vllm:`` requests: "lean" (aiohttp, no SDK) or "sdk" (the ``openai`` package)."""
+
+    def __post_init__(self) -> None:
+        if self.client not in OPENAI_CLIENTS:
+            raise ValueError(f"the OpenAI client must be one of {', '.join(OPENAI_CLIENTS)}, got {self.client!r}")
 
     @staticmethod
     def from_env(environ: dict[str, str] | None = None, **overrides: Any) -> LLMSettings:
         env = os.environ if environ is None else environ
-        settings = LLMSettings(base_url=env.get("OPENAI_BASE_URL") or None, vllm_url=env.get("NEGO_VLLM_URL") or None)
+        settings = LLMSettings(
+            base_url=env.get("OPENAI_BASE_URL") or None,
+            vllm_url=env.get("NEGO_VLLM_URL") or None,
+            client=overrides.pop("client", None) or env.get("NEGO_OPENAI_CLIENT") or "lean",
+        )
         return replace(settings, **overrides)
 
 
@@ -147,6 +162,15 @@ def _with_template(spec: str, backend: ChatBackend, settings: LLMSettings) -> LL
     return LLMFactory(spec, backend, settings, template)
 
 
+def _openai_backend(settings: LLMSettings) -> type:
+    """The Chat Completions backend class of the chosen client: the lean one needs no SDK."""
+    if settings.client == "lean":
+        from .llm.backends.openai_lean import LeanOpenAIBackend
+
+        return LeanOpenAIBackend
+    return _openai_module().OpenAIBackend
+
+
 def _openai_module():
     try:
         from .llm.backends import openai_backend
@@ -172,7 +196,7 @@ def _openai(model: str, settings: LLMSettings) -> LLMFactory:
             f"openai:{model} needs an API key: export OPENAI_API_KEY=... (or point --base-url / OPENAI_BASE_URL "
             "at an OpenAI-compatible server)"
         )
-    backend = _openai_module().OpenAIBackend(
+    backend = _openai_backend(settings)(
         model, base_url=settings.base_url, api_key=key, **_limits(settings), supports_tools=True
     )
     return _with_template(f"openai:{model}", backend, settings)
@@ -206,7 +230,7 @@ def _vllm_factory(spec: str, model: str, url: str, settings: LLMSettings, where:
     url = _server_url(spec.split("@", 1)[0], url, where or "in the spec", "VLLM_API_KEY")
     base = url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
-    backend = _openai_module().OpenAIBackend(
+    backend = _openai_backend(settings)(
         model,
         kind="vllm",
         base_url=base,

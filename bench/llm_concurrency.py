@@ -1,18 +1,23 @@
-"""What nego adds on top of the SDK calls themselves when many LLM negotiations run at once.
+"""What nego adds on top of the model calls themselves when many LLM negotiations run at once, and what each OpenAI
+client costs per call.
 
 Starts the fake model server (``tests/fakes/llm_server.py``) in its own process with a fixed latency per
-request, then, on one machine and in one run:
+request, then, on one machine and in one run, for each client (``--clients``: ``lean``, nego's aiohttp client,
+and ``sdk``, the ``openai`` package on its aiohttp transport):
 
 - market: ``Marketplace.run`` of N negotiations (widget scenario, both sides ``openai:bench-model`` through the
-  real ``openai`` SDK, prompts rendered, replies parsed, retries and limits in place), all N at once;
-- bare: N coroutines at once, each sending one negotiation's worth of ``chat.completions.create`` calls one after
-  another (the very requests the market run sent, replayed with the same client settings), and nothing else.
+  client, prompts rendered, replies parsed, retries and limits in place), all N at once;
+- bare: N coroutines at once, each sending one negotiation's worth of requests through the same client one after
+  another (the very requests the market sends, recorded in an untimed run first and replayed with the same client
+  settings), and nothing else.
 
-Each is run ``--repeat`` times alternately; the ratio of the best market wall time to the best bare wall time
-is printed (target: <= 1.15), and the same ratio of this process's CPU time (the server runs elsewhere), which
-is the steadier number on a shared machine. Results are appended to ``bench/results/llm_concurrency.txt``.
+The arms alternate (market and bare of each client, every repeat), so load from other jobs falls on all of them.
+Printed: the best client CPU per call of each bare loop (this process only; the server runs elsewhere), the lean
+client's CPU per call as a fraction of the SDK's, and per client the ratio of the best market to the best bare
+wall time and client CPU time (target: <= 1.05x), with the load average before and after. Results are appended
+to ``bench/results/llm_concurrency.txt`` with the command line.
 
-    python bench/llm_concurrency.py -n 1000 --latency 0.05
+    python bench/llm_concurrency.py -n 1000 --latency 0.05 --repeat 3
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import openai
 from nego.agents.llm.backends.limits import RateLimits
+from nego.agents.llm.backends.openai_lean import WireClient
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
 from nego.market.marketplace import Job, Marketplace
 from nego.market.types import EndReason
@@ -75,18 +83,23 @@ def start_server(latency: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{line.removeprefix('port=')}/v1"
 
 
-async def run_market(
-    jobs: list[Job], settings: LLMSettings, sent: list[dict]
-) -> tuple[tuple[float, float], list[int], int]:
+Timing = tuple[float, float]
+"""Wall seconds and this process's CPU seconds."""
+
+
+async def run_market(jobs: list[Job], settings: LLMSettings, sent: list[dict] | None) -> tuple[Timing, list[int], int]:
+    """One market run; with ``sent``, every request body is recorded there (an untimed run: the bodies it keeps
+    alive would make the collector's passes in the timed run longer)."""
     factory = resolve_model_spec(SPEC, settings)
-    build = factory.backend._kwargs
+    if sent is not None:
+        build = factory.backend._kwargs
 
-    def record(request):  # the bare loop replays exactly these requests
-        kwargs = build(request)
-        sent.append(kwargs)
-        return kwargs
+        def record(request):  # the bare loop replays exactly these requests
+            kwargs = build(request)
+            sent.append(kwargs)
+            return kwargs
 
-    factory.backend._kwargs = record
+        factory.backend._kwargs = record
     market = Marketplace({SPEC: factory}, concurrency=len(jobs))
     start, cpu = time.perf_counter(), time.process_time()
     results = await market.run(jobs)
@@ -96,23 +109,84 @@ async def run_market(
     return wall, [r.usage_seller.calls + r.usage_buyer.calls for r in results], errors
 
 
-async def run_bare(calls: list[int], sent: list[dict], url: str, concurrency: int) -> tuple[float, float]:
-    client = openai.AsyncOpenAI(
+def bare_client(client: str, url: str, concurrency: int) -> tuple[Callable[..., Awaitable[Any]], Any]:
+    """The call and the closable object of one client, with the settings the backend gives it."""
+    if client == "lean":
+        wire = WireClient(url, "none", concurrency, 120.0)
+        return wire.create, wire
+    sdk = openai.AsyncOpenAI(
         api_key="none", base_url=url, max_retries=0, http_client=openai.DefaultAioHttpClient(timeout=120.0)
     )
+    return sdk.chat.completions.create, sdk
+
+
+async def run_bare(client: str, calls: list[int], sent: list[dict], url: str, concurrency: int) -> Timing:
+    create, closable = bare_client(client, url, concurrency)
     starts = [0, *itertools.accumulate(calls)][:-1]
     slots = asyncio.Semaphore(concurrency)
 
     async def one(first: int, n: int) -> None:
         async with slots:
             for kwargs in sent[first : first + n]:
-                await client.chat.completions.create(**kwargs)
+                await create(**kwargs)
 
     start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(f, n) for f, n in zip(starts, calls, strict=True)))
     wall = time.perf_counter() - start, time.process_time() - cpu
-    await client.close()
+    await closable.close()
     return wall
+
+
+def measure(args: argparse.Namespace, url: str, clients: list[str]) -> tuple[dict, dict, list[int], int]:
+    """Market and bare timings per client, the arms alternating on every repeat."""
+    jobs = [Job(widget_scenario(), SPEC, SPEC, seed) for seed in range(args.n)]
+    market: dict[str, list[Timing]] = {c: [] for c in clients}
+    bare: dict[str, list[Timing]] = {c: [] for c in clients}
+    settings = {c: LLMSettings(base_url=url, limits=RateLimits(concurrency=args.n), client=c) for c in clients}
+    sent: dict[str, list[dict]] = {c: [] for c in clients}
+    calls, errors = [], 0
+    for client in clients:  # seeded runs send the same requests every time: record them once, untimed
+        _, calls, errs = asyncio.run(run_market(jobs, settings[client], sent[client]))
+        errors += errs
+    for rep in range(args.repeat):
+        for client in clients if rep % 2 == 0 else clients[::-1]:
+            wall, run_calls, errs = asyncio.run(run_market(jobs, settings[client], None))
+            if run_calls != calls:
+                raise SystemExit(f"the {client} market run made other calls than the recorded one")
+            market[client].append(wall)
+            errors += errs
+            bare[client].append(asyncio.run(run_bare(client, calls, sent[client], url, args.n)))
+    return market, bare, calls, errors
+
+
+def report(args: argparse.Namespace, market: dict, bare: dict, calls: list[int], errors: int, load: list) -> list[str]:
+    total = sum(calls)
+    lines = [
+        f"# llm_concurrency  {time.strftime('%Y-%m-%d %H:%M')}  python {platform.python_version()}  "
+        f"cpus={os.cpu_count()}  openai {openai.__version__}",
+        f"command: python bench/{Path(__file__).name} {' '.join(sys.argv[1:])}",
+        "load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}  after: {:.2f} {:.2f} {:.2f}".format(*load),
+        f"negotiations={args.n} (all at once)  calls={total} ({total / args.n:.1f} per negotiation)  "
+        f"server latency={args.latency * 1000:.0f} ms (separate process)  error outcomes={errors}",
+    ]
+    per_call = {}
+    for client in market:
+        per_call[client] = min(c for _, c in bare[client]) / total * 1000
+        wall = min(w for w, _ in market[client]) / min(w for w, _ in bare[client])
+        cpu = min(c for _, c in market[client]) / min(c for _, c in bare[client])
+        lines += [
+            f"{client:4} market wall s (client CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in market[client]),
+            f"{client:4} bare   wall s (client CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in bare[client]),
+            f"{client:4} ratio market/bare, best of {args.repeat}: wall {wall:.3f}x, client CPU {cpu:.3f}x "
+            f"(target <= 1.05x); bare client CPU per call {per_call[client]:.3f} ms",
+        ]
+    if {"lean", "sdk"} <= per_call.keys():
+        lines.append(
+            f"bare client CPU per call: lean {per_call['lean']:.3f} ms, sdk {per_call['sdk']:.3f} ms "
+            f"(lean/sdk {per_call['lean'] / per_call['sdk']:.3f}x; target <= 0.5 ms)"
+        )
+    lines.append(f"ideal wall (calls in sequence x latency): {max(calls) * args.latency:.2f} s")
+    return lines
 
 
 def main() -> None:
@@ -120,36 +194,18 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=1000, help="negotiations, all at once")
     parser.add_argument("--latency", type=float, default=0.05, help="fake server latency per request, seconds")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--clients", default="lean,sdk", help="comma-separated: lean, sdk")
     args = parser.parse_args()
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     os.environ.pop("OPENAI_API_KEY", None)
+    before = os.getloadavg()
     proc, url = start_server(args.latency)
     try:
-        scenario = widget_scenario()
-        jobs = [Job(scenario, SPEC, SPEC, seed) for seed in range(args.n)]
-        settings = LLMSettings(base_url=url, limits=RateLimits(concurrency=args.n))
-        market_walls, bare_walls, calls, errors = [], [], [], 0
-        for _ in range(args.repeat):
-            sent: list[dict] = []
-            wall, calls, errs = asyncio.run(run_market(jobs, settings, sent))
-            market_walls.append(wall)
-            errors += errs
-            bare_walls.append(asyncio.run(run_bare(calls, sent, url, args.n)))
+        market, bare, calls, errors = measure(args, url, clients)
     finally:
         proc.terminate()
         proc.wait()
-    total = sum(calls)
-    ratio = min(w for w, _ in market_walls) / min(w for w, _ in bare_walls)
-    cpu_ratio = min(c for _, c in market_walls) / min(c for _, c in bare_walls)
-    lines = [
-        f"# llm_concurrency  {time.strftime('%Y-%m-%d %H:%M')}  python {platform.python_version()}  "
-        f"cpus={os.cpu_count()}  openai {openai.__version__}",
-        f"negotiations={args.n} (all at once)  calls={total} ({total / args.n:.1f} per negotiation)  "
-        f"server latency={args.latency * 1000:.0f} ms (separate process)  error outcomes={errors}",
-        "market wall s (client CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in market_walls),
-        "bare   wall s (client CPU s): " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in bare_walls),
-        f"ratio market/bare, best of {args.repeat}: wall {ratio:.3f}x (target <= 1.15x), client CPU {cpu_ratio:.3f}x",
-        f"ideal wall (calls in sequence x latency): {max(calls) * args.latency:.2f} s",
-    ]
+    lines = report(args, market, bare, calls, errors, [*before, *os.getloadavg()])
     print("\n".join(lines))
     out = ROOT / "bench" / "results" / "llm_concurrency.txt"
     with out.open("a") as f:

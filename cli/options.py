@@ -26,6 +26,13 @@ Temperature = Annotated[
     typer.Option(help="Sampling temperature of model agents (tiny models: as trained unless set; 0: greedy)"),
 ]
 MaxTokens = Annotated[int | None, typer.Option(help="Most tokens a model agent may write per move.")]
+Client = Annotated[
+    str | None,
+    typer.Option(
+        help="Client of openai: and vllm: specs: lean (aiohttp, the default) or sdk (the openai package); "
+        "default: $NEGO_OPENAI_CLIENT, else lean."
+    ),
+]
 PerKind = Annotated[
     str | None, typer.Option(help="Concurrency caps per agent kind, e.g. 'openai=16,anthropic=8,hf=32'.")
 ]
@@ -39,6 +46,7 @@ _MODEL_ANNOTATIONS: dict[str, Any] = {
     "temperature": Temperature,
     "max_tokens": MaxTokens,
     "prices": Prices,
+    "client": Client,
 }
 
 

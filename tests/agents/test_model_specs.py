@@ -130,8 +130,25 @@ def test_a_missing_sdk_fails_at_resolution_with_the_install_hint(monkeypatch, sp
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setenv("NEGO_OPENAI_CLIENT", "sdk")  # the lean client needs no SDK (next test)
     monkeypatch.setitem(sys.modules, sdk, None)  # as if the SDK were not installed
     monkeypatch.delitem(sys.modules, f"nego.agents.llm.backends.{module}", raising=False)
     monkeypatch.delattr(backends, module, raising=False)
     with pytest.raises(ModelSpecError, match=rf"needs the '{sdk}' package.*pip install 'nego\[llm\]'"):
         resolve_model_spec(spec)
+
+
+@pytest.mark.parametrize("spec", ["openai:m", "vllm:m@http://127.0.0.1:9"])
+def test_the_lean_client_is_the_default_and_plays_without_the_sdk(monkeypatch, spec):
+    import sys
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.delenv("NEGO_OPENAI_CLIENT", raising=False)
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if the SDK were not installed
+    assert type(resolve_model_spec(spec).backend).__name__ == "LeanOpenAIBackend"
+    monkeypatch.setenv("NEGO_OPENAI_CLIENT", "sdk")
+    monkeypatch.delitem(sys.modules, "openai")
+    assert type(resolve_model_spec(spec).backend).__name__ == "OpenAIBackend"
+    assert type(resolve_model_spec(spec, LLMSettings.from_env(client="lean")).backend).__name__ == "LeanOpenAIBackend"
+    with pytest.raises(ValueError, match="one of lean, sdk, got 'fast'"):
+        LLMSettings.from_env(client="fast")

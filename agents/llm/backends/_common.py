@@ -1,5 +1,6 @@
-"""What the OpenAI and Anthropic backends share: one SDK client and limiter per event loop, the retry loop,
-usage, latency and cost, and the judgement of SDK exceptions (both SDKs use the same exception names).
+"""What the remote model backends share: one client (a provider SDK's, or the lean Chat Completions client) and
+limiter per event loop, the retry loop, usage, latency and cost, and the judgement of SDK exceptions (both SDKs
+use the same exception names).
 
 A subclass says only what differs: how to build its client, which endpoint to call with which arguments, and
 how to validate the reply. Imports no SDK itself.
@@ -32,7 +33,7 @@ from .urls import check_base_url, connection_problem
 
 
 class SDKBackend:
-    """A :class:`~nego.agents.llm.backends.base.ChatBackend` over a provider SDK's async client.
+    """A :class:`~nego.agents.llm.backends.base.ChatBackend` over an async client (a provider SDK's, or nego's own).
 
     Subclasses set ``kind``, ``supports_tools`` and ``key_env`` and implement :meth:`_new_client`,
     :meth:`_endpoint`, :meth:`_kwargs`, :meth:`_validate` and :meth:`_classify`. The API key is held as a
@@ -146,7 +147,7 @@ def classify_sdk_error(
     if isinstance(error, MalformedResponse):
         return Failure(True, f"malformed reply: {error}")
     if isinstance(error, sdk.APIStatusError):
-        retry = _retry_after(error.response.headers)
+        retry = retry_after_seconds(error.response.headers)
         return Failure(error.status_code in RETRY_STATUS, f"HTTP {error.status_code}: {error.message}", retry)
     if isinstance(error, sdk.APIConnectionError):  # a timeout is a connection error to the SDK
         problem = connection_problem(error, base_url)
@@ -164,7 +165,8 @@ def classify_sdk_error(
     return None
 
 
-def _retry_after(headers: Any) -> float | None:
+def retry_after_seconds(headers: Any) -> float | None:
+    """Seconds a reply's ``Retry-After`` (or ``retry-after-ms``) header asks to wait; None without one."""
     seconds = parse_retry_after(headers.get("retry-after"))
     if seconds is None:
         ms = parse_retry_after(headers.get("retry-after-ms"))

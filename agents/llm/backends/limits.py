@@ -200,7 +200,6 @@ async def call_with_retries(
     with ``secrets`` redacted.
     """
     secrets = tuple(secrets)
-    rng = rng or random.Random()
     failure = Failure(False, "no attempt made")
     for attempt in range(1, policy.max_attempts + 1):
         try:
@@ -223,6 +222,8 @@ async def call_with_retries(
             ) from None
         if attempt == policy.max_attempts:
             break
+        if failure.retry_after_s is None:
+            rng = rng or random.Random()  # seeding one from the OS costs more than a call's own work: only on a retry
         delay = failure.retry_after_s if failure.retry_after_s is not None else policy.backoff(attempt, rng)
         log.warning(
             "%s: try %d of %d failed (%s); retrying in %.2f s", what, attempt, policy.max_attempts, message, delay

@@ -1,50 +1,26 @@
-"""Chat Completions backend: the OpenAI API and any OpenAI-compatible server (vLLM, llama.cpp, ...).
+"""Chat Completions backend over the ``openai`` SDK: the OpenAI API and any OpenAI-compatible server (vLLM, ...).
 
-Imported only when a spec names such a backend: it imports the ``openai`` SDK (``pip install 'nego[llm]'``).
-The SDK's own retries are off; :func:`~nego.agents.llm.backends.limits.call_with_retries` retries instead, and
-every reply is validated here because the SDK accepts malformed JSON silently.
+Imported only when a spec names such a backend and the SDK client is chosen (``--client sdk``): it imports the
+``openai`` SDK (``pip install 'nego[llm]'``). The SDK's own retries are off;
+:func:`~nego.agents.llm.backends.limits.call_with_retries` retries instead, and every reply is validated here
+because the SDK accepts malformed JSON silently.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import openai
-from nego.market.types import Usage
 
-from ._common import SDKBackend, classify_sdk_error, sdk_client
-from .base import ChatRequest, ChatResponse, ToolCall
-from .limits import Failure, MalformedResponse, PriceTable, RateLimits, RetryPolicy
-
-log = logging.getLogger("nego.agents.llm.backends")
+from ._common import classify_sdk_error, sdk_client
+from .base import ChatResponse, ToolCall
+from .limits import Failure, MalformedResponse
+from .openai_wire import OPENAI_URL, ChatCompletionsBackend
 
 
-class OpenAIBackend(SDKBackend):
-    """``openai:MODEL`` and ``vllm:MODEL@URL``: one client per event loop, created on first use.
-
-    ``kind`` is "openai" or "vllm" (the kind caps concurrency in the marketplace). vLLM and other
-    OpenAI-compatible servers get ``max_tokens``; the OpenAI API gets ``max_completion_tokens``.
-    ``missing_usage`` counts replies without token usage (the backend's token totals are then lower bounds).
-    """
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        kind: str = "openai",
-        base_url: str | None = None,
-        api_key: str | None = None,
-        supports_tools: bool = True,
-        limits: RateLimits | None = None,
-        policy: RetryPolicy | None = None,
-        prices: PriceTable | None = None,
-    ) -> None:
-        self.kind = kind
-        self.key_env = "VLLM_API_KEY" if kind == "vllm" else "OPENAI_API_KEY"
-        super().__init__(model, base_url=base_url, api_key=api_key, limits=limits, policy=policy, prices=prices)
-        self.supports_tools = supports_tools
-        self.missing_usage = 0
+class OpenAIBackend(ChatCompletionsBackend):
+    """``openai:MODEL`` and ``vllm:MODEL@URL`` through ``openai.AsyncOpenAI``: one client per event loop, created
+    on first use."""
 
     def _new_client(self) -> openai.AsyncOpenAI:
         # OpenAI-compatible servers without authentication still need some key
@@ -55,21 +31,7 @@ class OpenAIBackend(SDKBackend):
         return client.chat.completions.create
 
     def _classify(self, error: BaseException) -> Failure | None:
-        return classify_sdk_error(error, openai, openai.OpenAIError, self.base_url or "https://api.openai.com/v1")
-
-    def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-        }
-        if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        kwargs["max_completion_tokens" if self.kind == "openai" else "max_tokens"] = request.max_tokens
-        if request.seed is not None:
-            kwargs["seed"] = request.seed
-        if request.tools:
-            kwargs["tools"] = [t.openai() for t in request.tools]
-        return kwargs
+        return classify_sdk_error(error, openai, openai.OpenAIError, self.base_url or OPENAI_URL)
 
     def _validate(self, resp: Any) -> ChatResponse:
         choices = getattr(resp, "choices", None)
@@ -89,12 +51,6 @@ class OpenAIBackend(SDKBackend):
                 raise MalformedResponse("a tool call lacks a string function name or string arguments")
             calls.append(ToolCall(name, args))
         truncated = getattr(choices[0], "finish_reason", None) == "length"
-        return ChatResponse(content or "", tuple(calls), self._usage(getattr(resp, "usage", None)), truncated)
-
-    def _usage(self, usage: Any) -> Usage:
-        prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            self.missing_usage += 1  # counted and logged, not fatal: some compatible servers send no usage
-            log.warning("%s:%s: reply without token usage (%d so far)", self.kind, self.model, self.missing_usage)
-            return Usage()
-        return Usage(prompt, completion)
+        usage = getattr(resp, "usage", None)
+        usage = self._usage(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
+        return ChatResponse(content or "", tuple(calls), usage, truncated)

@@ -12,6 +12,7 @@ from nego.agents.llm.backends.anthropic_backend import AnthropicBackend
 from nego.agents.llm.backends.base import BackendError, ChatMessage, ChatRequest
 from nego.agents.llm.backends.limits import RetryPolicy
 from nego.agents.llm.backends.openai_backend import OpenAIBackend
+from nego.agents.llm.backends.openai_lean import LeanOpenAIBackend, classify_wire_error
 from nego.agents.llm.backends.urls import check_base_url
 from nego.agents.model_specs import LLMSettings, ModelSpecError, resolve_model_spec
 from nego.market.types import Action
@@ -21,7 +22,7 @@ from ...fakes.llm_server import serve
 PASSWORD = "pa55-CANARY-word"
 FAST = RetryPolicy(max_attempts=2, base_delay_s=0.001, max_delay_s=0.01, timeout_s=5.0)
 REQUEST = ChatRequest((ChatMessage("user", "Round 1 of 6."),), max_tokens=16)
-BACKENDS = {"openai": OpenAIBackend, "anthropic": AnthropicBackend}
+BACKENDS = {"openai": OpenAIBackend, "openai-lean": LeanOpenAIBackend, "anthropic": AnthropicBackend}
 
 
 def closed_port() -> int:
@@ -34,7 +35,7 @@ def closed_port() -> int:
 @pytest.mark.parametrize("kind", sorted(BACKENDS))
 async def test_a_refused_connection_is_reported_as_refused_not_as_a_timeout(kind):
     port = closed_port()
-    suffix = "/v1" if kind == "openai" else ""
+    suffix = "/v1" if kind.startswith("openai") else ""
     backend = BACKENDS[kind]("m", base_url=f"http://127.0.0.1:{port}{suffix}", api_key="sk-test-key", policy=FAST)
     with pytest.raises(BackendError) as err:
         await backend.complete(REQUEST)
@@ -47,7 +48,7 @@ async def test_a_refused_connection_is_reported_as_refused_not_as_a_timeout(kind
 @pytest.mark.parametrize("kind", sorted(BACKENDS))
 async def test_credentials_in_a_base_url_fail_at_construction_without_a_call(kind):
     async with serve(lambda messages: Action.accept()) as srv:
-        url = srv.host.replace("http://", f"http://user:{PASSWORD}@") + ("/v1" if kind == "openai" else "")
+        url = srv.host.replace("http://", f"http://user:{PASSWORD}@") + ("/v1" if kind.startswith("openai") else "")
         with pytest.raises(ValueError, match="carries a user name or password") as err:
             BACKENDS[kind]("m", base_url=url, api_key="sk-test-key", policy=FAST)
         assert PASSWORD not in str(err.value) and "user:" not in str(err.value)
@@ -91,5 +92,7 @@ def test_base_urls_are_checked_up_front(url, words):
 
 
 def test_an_unreadable_body_is_retried_with_an_honest_reason():
-    failure = classify_sdk_error(RecursionError("maximum recursion depth exceeded"), openai, openai.OpenAIError)
-    assert failure.retryable and failure.message == "unreadable reply: its JSON is nested too deeply to decode"
+    deep = RecursionError("maximum recursion depth exceeded")
+    for failure in (classify_sdk_error(deep, openai, openai.OpenAIError), classify_wire_error(deep, "http://h/v1")):
+        assert failure.retryable and failure.message == "unreadable reply: its JSON is nested too deeply to decode"
+    assert classify_wire_error(KeyError("a bug in our code"), "http://h/v1") is None

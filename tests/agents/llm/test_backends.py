@@ -1,4 +1,5 @@
-"""OpenAI and Anthropic backends end to end through the real SDKs against the loopback fake server."""
+"""OpenAI and Anthropic backends end to end against the loopback fake server: through the real SDKs, and the
+OpenAI wire format through the lean client ("openai-lean")."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import logging
 import pytest
 from nego.agents.llm.backends.anthropic_backend import AnthropicBackend
 from nego.agents.llm.backends.base import BackendError, ChatMessage, ChatRequest
-from nego.agents.llm.backends.limits import Price, PriceTable, RetryPolicy
+from nego.agents.llm.backends.limits import MalformedResponse, Price, PriceTable, RetryPolicy
 from nego.agents.llm.backends.openai_backend import OpenAIBackend
+from nego.agents.llm.backends.openai_lean import MAX_REPLY_BYTES, LeanOpenAIBackend
 from nego.agents.llm.parsing import action_tools, parse_response
 from nego.market.types import Action, ActionKind
 
 from ...conftest import make_widget_scenario
-from ...fakes.llm_server import serve
+from ...fakes.llm_server import Fault, serve
 
 CANARY_KEY = "sk-test-CANARY-5f1e0c"
 OFFER = {"price": 120, "quantity": 4, "warranty": "1y"}
@@ -31,8 +33,9 @@ async def server():
 
 
 def make_backend(kind: str, srv, policy: RetryPolicy = FAST, **kw):
-    if kind == "openai":
-        backend = OpenAIBackend("gpt-fake", base_url=srv.openai_url, api_key=CANARY_KEY, policy=policy, **kw)
+    if kind.startswith("openai"):
+        cls = LeanOpenAIBackend if kind == "openai-lean" else OpenAIBackend
+        backend = cls("gpt-fake", base_url=srv.openai_url, api_key=CANARY_KEY, policy=policy, **kw)
     else:
         backend = AnthropicBackend("claude-fake", base_url=srv.anthropic_url, api_key=CANARY_KEY, policy=policy, **kw)
     srv.backends.append(backend)
@@ -44,7 +47,8 @@ def request(tools: bool) -> ChatRequest:
     return ChatRequest(msgs, tools=action_tools(ISSUES) if tools else (), max_tokens=64, temperature=0.2, seed=7)
 
 
-BOTH = pytest.mark.parametrize("kind", ["openai", "anthropic"])
+BOTH = pytest.mark.parametrize("kind", ["openai", "openai-lean", "anthropic"])
+OPENAI = pytest.mark.parametrize("kind", ["openai", "openai-lean"])
 
 
 @BOTH
@@ -60,7 +64,7 @@ async def test_reply_round_trips_to_the_action(server, kind, tools):
     assert u.calls == 1 and u.prompt_tokens > 0 and u.completion_tokens > 0
     assert u.cost_usd == pytest.approx((u.prompt_tokens + 2 * u.completion_tokens) / 1e6)
     body = server.requests[-1].body
-    if kind == "openai":
+    if kind.startswith("openai"):
         assert body["seed"] == 7 and body["messages"][0]["role"] == "system" and body["max_completion_tokens"] == 64
         assert (body["tools"][0]["function"]["name"] if tools else None) == ("make_offer" if tools else None)
     else:
@@ -156,18 +160,50 @@ async def test_api_key_never_leaks(server, kind, caplog):
     await backend.aclose()
 
 
-async def test_backend_survives_a_change_of_event_loop(server):
-    backend = make_backend("openai", server)
+@OPENAI
+async def test_backend_survives_a_change_of_event_loop(server, kind):
+    backend = make_backend(kind, server)
     await backend.complete(request(False))
     await backend.aclose()  # closed, or on a fresh event loop: the next call builds a new client
     assert (await backend.complete(request(False))).usage.calls == 1
 
 
-async def test_openai_temperature_is_sent_only_when_set(server):
+@OPENAI
+async def test_openai_temperature_is_sent_only_when_set(server, kind):
     """Reasoning models reject any temperature but their default, so none is sent unless the user asks."""
-    backend = make_backend("openai", server)
+    backend = make_backend(kind, server)
     msgs = (ChatMessage("system", "You are the seller."), ChatMessage("user", "Round 1 of 6."))
     await backend.complete(ChatRequest(msgs, max_tokens=64))
     assert "temperature" not in server.requests[-1].body
     await backend.complete(ChatRequest(msgs, max_tokens=64, temperature=0.3))
     assert server.requests[-1].body["temperature"] == 0.3
+
+
+async def test_the_lean_client_sends_what_the_sdk_sends(server):
+    for kind in ("openai", "openai-lean"):
+        await make_backend(kind, server).complete(request(True))
+    sdk, lean = server.requests[-2:]
+    assert lean.body == sdk.body and lean.path == sdk.path
+    assert lean.headers["Authorization"] == sdk.headers["Authorization"] == f"Bearer {CANARY_KEY}"
+    assert lean.headers["Content-Type"] == sdk.headers["Content-Type"] == "application/json"
+
+
+async def test_the_lean_client_refuses_a_reply_over_the_cap_without_retrying(server):
+    backend = make_backend("openai-lean", server)
+    server.control.faults.append(Fault(text="x" * MAX_REPLY_BYTES))
+    with pytest.raises(BackendError, match=rf"refused reply: the reply body is \d+ bytes, over {MAX_REPLY_BYTES}"):
+        await backend.complete(request(False))
+    assert len(server.requests) == 1
+    server.control.faults.append(Fault(text="x" * (MAX_REPLY_BYTES // 2)))  # under the cap: read as any reply
+    assert (await backend.complete(request(False))).text == "x" * (MAX_REPLY_BYTES // 2)
+    await backend.aclose()
+
+
+async def test_the_lean_client_validates_replies_and_counts_those_without_usage(server):
+    backend = make_backend("openai-lean", server)
+    reply = backend._validate({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+    assert reply.text == "hi" and reply.usage.prompt_tokens == 0 and backend.missing_usage == 1
+    for bad in ({}, {"choices": []}, {"choices": [{}]}, {"choices": [{"message": {"content": 3}}]},
+                {"choices": [{"message": {"tool_calls": [{"function": {"name": "accept"}}]}}]}):  # fmt: skip
+        with pytest.raises(MalformedResponse):
+            backend._validate(bad)

@@ -1,4 +1,5 @@
-"""LLM negotiators in the marketplace, end to end through the real SDKs against the loopback fake server:
+"""LLM negotiators in the marketplace, end to end through the real SDKs and the lean OpenAI client against the
+loopback fake server: both OpenAI clients play the same negotiations to the same transcripts,
 failing backends become error outcomes that a resumed run plays again, every injected fault ends as a retry,
 a counted invalid action or a recorded error, the vLLM tool path, and API keys that appear nowhere."""
 
@@ -30,6 +31,7 @@ PLAN = {
 BRAIN = prompt_brain(PLAN, {"seller": 0.6, "buyer": 0.55})
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01, max_retry_after_s=1.0, timeout_s=5.0)
 SELLER, BUYER = "openai:seller-model", "anthropic:buyer-model"
+CLIENTS = pytest.mark.parametrize("client", ["lean", "sdk"])
 
 
 async def play(jobs, settings, writer=None, **market_options):
@@ -44,7 +46,10 @@ def cells(frame: pl.DataFrame) -> str:
     return json.dumps([list(map(str, row)) for row in frame.iter_rows()])
 
 
-async def test_a_failing_backend_is_an_error_outcome_that_a_resumed_run_plays_again(tmp_path, monkeypatch, caplog):
+@CLIENTS
+async def test_a_failing_backend_is_an_error_outcome_that_a_resumed_run_plays_again(
+    tmp_path, monkeypatch, caplog, client
+):
     caplog.set_level(logging.DEBUG)
     control = Control(always=Fault(status=503, mode="echo_key"))  # down, and echoing the caller's credential
     async with serve(BRAIN, control) as srv:
@@ -52,7 +57,7 @@ async def test_a_failing_backend_is_an_error_outcome_that_a_resumed_run_plays_ag
         monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
         monkeypatch.setenv("ANTHROPIC_BASE_URL", srv.anthropic_url)
         prices = PriceTable({"seller-model": Price(1.0, 2.0), "buyer-model": Price(3.0, 4.0)})
-        settings = LLMSettings(base_url=srv.openai_url, policy=FAST, prices=prices)
+        settings = LLMSettings(base_url=srv.openai_url, policy=FAST, prices=prices, client=client)
         jobs = [Job(make_widget_scenario(), SELLER, BUYER, seed) for seed in range(2)]
 
         first = await play(jobs, settings, TranscriptWriter(tmp_path))
@@ -101,11 +106,12 @@ FAULTS = [
 ]
 
 
-async def test_every_fault_ends_as_a_retry_a_counted_invalid_action_or_an_error(tmp_path):
+@CLIENTS
+async def test_every_fault_ends_as_a_retry_a_counted_invalid_action_or_an_error(tmp_path, client):
     control = Control(faults=deque(FAULTS))
     async with serve(BRAIN, control) as srv:
         policy = RetryPolicy(max_attempts=2, base_delay_s=0.001, max_delay_s=0.01, timeout_s=1.0)
-        settings = LLMSettings(base_url=srv.openai_url, policy=policy)
+        settings = LLMSettings(base_url=srv.openai_url, policy=policy, client=client)
         jobs = [Job(make_widget_scenario(), "openai:m", "linear", seed) for seed in range(3)]
         # one negotiation at a time, so the queued faults meet the requests in a known order
         results = await play(jobs, settings, TranscriptWriter(tmp_path), concurrency=1)
@@ -125,11 +131,12 @@ async def test_every_fault_ends_as_a_retry_a_counted_invalid_action_or_an_error(
     assert stored.height == 3 and stored["invalid_seller"].sum() == 2
 
 
+@CLIENTS
 @pytest.mark.parametrize("tools", [True, False])
-async def test_vllm_spec_with_and_without_tools(monkeypatch, tools):
+async def test_vllm_spec_with_and_without_tools(monkeypatch, tools, client):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     async with serve(BRAIN) as srv:
-        settings = LLMSettings(tools=tools or None, policy=FAST)
+        settings = LLMSettings(tools=tools or None, policy=FAST, client=client)
         spec = f"vllm:served/model@{srv.host}"
         results = await play([Job(make_widget_scenario(), spec, "linear", 0)], settings)
         requests = list(srv.requests)
@@ -146,11 +153,12 @@ async def test_vllm_spec_with_and_without_tools(monkeypatch, tools):
     assert bool(raw["tool_calls"]) is tools and bool(raw["text"]) is not tools
 
 
-async def test_a_backend_shared_by_both_sides_never_sends_one_sides_brief_for_the_other(monkeypatch):
+@CLIENTS
+async def test_a_backend_shared_by_both_sides_never_sends_one_sides_brief_for_the_other(monkeypatch, client):
     canary = "CANARY-SELLER-BRIEF-4417"
     monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
     async with serve(BRAIN) as srv:
-        settings = LLMSettings(base_url=srv.openai_url, policy=FAST)
+        settings = LLMSettings(base_url=srv.openai_url, policy=FAST, client=client)
         scenario = make_widget_scenario(seller_brief=f"Clear old stock first. {canary}")
         jobs = [Job(scenario, "openai:same", "openai:same", seed) for seed in range(2)]
         results = await play(jobs, settings)
@@ -160,3 +168,28 @@ async def test_a_backend_shared_by_both_sides_never_sends_one_sides_brief_for_th
     buyer = [b for b in bodies if "You are the buyer" in b]
     assert len(seller) + len(buyer) == len(bodies) and len(buyer) >= 10
     assert all(canary in b for b in seller) and not any(canary in b for b in buyer)
+
+
+def played(results) -> list:
+    """What a run decided, without timings: each negotiation's outcome, tokens, and every turn's action and feedback."""
+    out = []
+    for r in results:
+        turns = [(t.action.kind, t.action.offer, t.action.message, t.action.raw, t.valid, t.feedback) for t in r.turns]
+        tokens = [(u.prompt_tokens, u.completion_tokens, u.calls) for u in (r.usage_seller, r.usage_buyer)]
+        out.append((r.outcome, tokens, turns))
+    return out
+
+
+@pytest.mark.parametrize("tools", [True, False])
+async def test_both_openai_clients_play_the_same_negotiations_to_the_same_transcripts(tools):
+    control = Control(faults=deque(FAULTS[:12]))
+    runs, bodies = [], []
+    async with serve(BRAIN, control) as srv:
+        for client in ("sdk", "lean"):
+            control.faults = deque(FAULTS[:12])
+            srv.requests.clear()
+            settings = LLMSettings(base_url=srv.openai_url, policy=FAST, tools=tools, client=client)
+            jobs = [Job(make_widget_scenario(), "openai:m", "openai:m", seed) for seed in range(4)]
+            runs.append(played(await play(jobs, settings, concurrency=1)))
+            bodies.append([r.body for r in srv.requests])
+    assert runs[0] == runs[1] and bodies[0] == bodies[1] and len(bodies[0]) > 12
