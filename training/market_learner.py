@@ -38,7 +38,7 @@ from .config import ConfigError, TrainConfig, no_deal_value
 from .learners import learner_spec
 from .policy_kind import PolicyKind, kind_of_format
 from .rewards import outcome_scorer
-from .rollout import to_trl
+from .rollout import filler_id, to_trl
 from .runner import Sample
 from .train_log import TrainLog
 from .trainer import build_grpo_trainer, grpo_args, quiet_libraries, step_monitor
@@ -68,9 +68,10 @@ def sample_from_json(d: dict[str, Any]) -> Sample:
 class _Served:
     """The ``rollout_func`` of a day's updates: hands TRL the queued groups, one update's worth per call."""
 
-    def __init__(self, batches: list[list[Sample]], max_tokens: int) -> None:
+    def __init__(self, batches: list[list[Sample]], max_tokens: int, filler: int) -> None:
         self.batches = batches
         self.max_tokens = max_tokens
+        self.filler = filler
         self.served: list[list[Sample]] = []
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
@@ -78,7 +79,7 @@ class _Served:
         if len(batch) != len(prompts):
             raise RuntimeError(f"an update needs {len(prompts)} episodes; {len(batch)} were queued for it")
         self.served.append(batch)
-        return to_trl(batch, self.max_tokens)
+        return to_trl(batch, self.max_tokens, self.filler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +255,7 @@ class GRPOLearner:
             gradient_checkpointing=self.kind.gradient_checkpointing,
             overrides=overrides,
         )
-        served = _Served(batches, self.cfg.max_tokens)
+        served = _Served(batches, self.cfg.max_tokens, filler_id(self.tokenizer))
         version = self._version
 
         def save_at_day_end(step: int, max_steps: int, model: Any, control: Any) -> None:
