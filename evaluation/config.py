@@ -42,6 +42,11 @@ class EvalConfig:
         True, "Compute the optimality gap against rule-based buyers (by replaying them).", flag="--gap/--no-gap"
     )
     threads: int = _f(0, THREADS_HELP)
+    workers: int = _f(
+        1,
+        "Processes playing the negotiations (1: this one). Same transcripts for any number; rule and remote/API "
+        "agents only (not models loaded in this process).",
+    )
     per_kind: Mapping[str, int] = field(default_factory=dict)
     """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency`` (``--per-kind``)."""
     play: Mapping[str, Any] = field(default_factory=dict)
@@ -59,6 +64,8 @@ class EvalConfig:
             raise ValueError(f"resamples must be >= 1000 for a stable 95% interval, got {self.resamples}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = automatic), got {self.threads}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
 
 
 LAUNCHER_KINDS = ("local", "submitit-local", "submitit-debug", "slurm")

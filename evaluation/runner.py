@@ -9,6 +9,7 @@ same command resumes: negotiations already in the transcripts are read back, not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource, Job, Marketplace
 from nego.market.transcript_rows import results_from_tables
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
+from nego.market.workers import WorkerPool
 
 from .best_response import best_response_value
 from .config import EvalConfig
@@ -105,9 +107,13 @@ def read_manifest(directory: Path) -> dict:
 
 
 async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob]) -> int:
-    """Play the jobs missing from the transcripts; returns how many negotiations were played now."""
-    with TranscriptWriter(config.out / "transcripts") as writer:
-        market = Marketplace(factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer)
+    """Play the jobs missing from the transcripts (on ``config.workers`` processes, which rebuild ``factories``:
+    give a picklable resolver then); returns how many negotiations were played now."""
+    pool = WorkerPool(config.workers, factories) if config.workers > 1 else None
+    with TranscriptWriter(config.out / "transcripts") as writer, pool or contextlib.nullcontext():
+        market = Marketplace(
+            factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer, pool=pool
+        )
         try:
             await market.run([p.job for p in jobs])
         finally:
