@@ -3,6 +3,7 @@ Markdown report, and a size x learning-rate study."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import fields
 from pathlib import Path
@@ -90,7 +91,8 @@ def eval_(**values: Any) -> None:
         set_threads(config.threads)
         from nego.agents.registry import resolve
 
-        result = evaluate(config, factories=lambda spec: resolve(spec, settings))
+        # a partial, not a lambda: worker processes (--workers) rebuild the factories from it
+        result = evaluate(config, factories=functools.partial(resolve, settings=settings))
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

@@ -52,6 +52,11 @@ class EvalConfig:
         "Reference sellers played beside the arms on the same negotiations, so that each arm is shown against the "
         "best of them per buyer: 'default' (the built-in rule sellers), 'none', or seller specs, comma-separated.",
     )
+    workers: int = _f(
+        1,
+        "Processes playing the negotiations (1: this one). Same transcripts for any number; rule and remote/API "
+        "agents only (not models loaded in this process).",
+    )
     per_kind: Mapping[str, int] = field(default_factory=dict)
     """Concurrency caps per agent kind (e.g. {"openai": 16}), on top of ``concurrency`` (``--per-kind``)."""
     play: Mapping[str, Any] = field(default_factory=dict)
@@ -69,6 +74,8 @@ class EvalConfig:
             raise ValueError(f"resamples must be >= 1000 for a stable 95% interval, got {self.resamples}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = automatic), got {self.threads}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         object.__setattr__(self, "baselines", _baselines(self.baselines))
 
 

@@ -14,6 +14,7 @@ same command resumes: negotiations already in the transcripts are read back, not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from nego.market.marketplace import FactorySource, Job, Marketplace
 from nego.market.rates import deal_rate_expr
 from nego.market.transcript_rows import results_from_tables
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
+from nego.market.workers import WorkerPool
 
 from .best_response import best_response_value
 from .config import EvalConfig
@@ -114,9 +116,13 @@ def read_manifest(directory: Path) -> dict:
 
 
 async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob]) -> int:
-    """Play the jobs missing from the transcripts; returns how many negotiations were played now."""
-    with TranscriptWriter(config.out / "transcripts") as writer:
-        market = Marketplace(factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer)
+    """Play the jobs missing from the transcripts (on ``config.workers`` processes, which rebuild ``factories``:
+    give a picklable resolver then); returns how many negotiations were played now."""
+    pool = WorkerPool(config.workers, factories) if config.workers > 1 else None
+    with TranscriptWriter(config.out / "transcripts") as writer, pool or contextlib.nullcontext():
+        market = Marketplace(
+            factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer, pool=pool
+        )
         try:
             await market.run([p.job for p in jobs])
         finally:

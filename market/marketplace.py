@@ -5,6 +5,9 @@ rollouts, behaviour-cloning data and replays all hand it :class:`Job` s.
 A negotiator that keeps a record of its own episode (a learning seller's token trace, for instance) implements
 :class:`Recorder`; :meth:`Marketplace.play` hands that record back beside the result, so a learner gets what it
 needs without the market knowing what a token is.
+
+With a :class:`~nego.market.workers.WorkerPool` the negotiations are played in worker processes; the marketplace
+still writes every result and publishes every event itself, in this process, as the workers' results come back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .types import ActionKind, EndReason, NegotiationResult, Outcome, Turn
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
+    from .workers import Finished, WorkerPool
 
 
 @runtime_checkable
@@ -111,8 +115,8 @@ def child_seeds(seed: int) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class Played:
     """A job and how it went: its result, the attempt number it was written as, the records of sides that keep one
-    (see :class:`Recorder`), the learner's reward if a scorer gave one, and whether it was played now (``fresh``) or
-    read back from the transcripts of an earlier run (then it has no records)."""
+    (see :class:`Recorder`), the learner's reward if a scorer gave one, whether it was played now (``fresh``) or
+    read back from the transcripts of an earlier run (then it has no records), and how long it took to play."""
 
     job: Job
     result: NegotiationResult
@@ -121,6 +125,7 @@ class Played:
     buyer_record: Any = None
     reward: float | None = None
     fresh: bool = True
+    wall_s: float = 0.0
 
 
 def error_result(job: Job, message: str) -> NegotiationResult:
@@ -144,7 +149,10 @@ class Marketplace:
     ``concurrency`` caps negotiations in flight; ``per_kind`` caps those involving a kind of agent (a
     negotiation between two agents of the same kind takes one slot of that kind). With a ``writer``, every
     result is written to transcripts, jobs already completed there are skipped (their results read back), and
-    jobs whose latest attempt ended in error are played again as the next attempt.
+    jobs whose latest attempt ended in error are played again as the next attempt. With a ``pool``, the jobs are
+    played by its worker processes (which build their own negotiators; see :mod:`.workers`), each under its share
+    of the caps; sides that keep a record (:class:`Recorder`) and models loaded in this process cannot be played
+    there.
     """
 
     def __init__(
@@ -157,6 +165,7 @@ class Marketplace:
         bus: EventBus | None = None,
         writer: TranscriptWriter | None = None,
         scorer: Scorer | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -171,6 +180,7 @@ class Marketplace:
         self.bus = bus
         self.writer = writer
         self.scorer = scorer
+        self.pool = pool
 
     def factory(self, spec: str) -> NegotiatorFactory:
         """The factory for ``spec`` (resolved once and cached); a clear error for an unknown spec."""
@@ -205,25 +215,20 @@ class Marketplace:
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise ValueError(f"duplicate negotiation id {dup!r}: give jobs with equal content distinct ids")
-        for spec in {s for j in jobs for s in (j.seller, j.buyer)}:
-            self.factory(spec)  # fail before playing anything if a spec is unknown
+        factories = [self.factory(spec) for spec in {s for j in jobs for s in (j.seller, j.buyer)}]
+        if self.pool is not None:  # fail before playing anything if a spec cannot be played in a worker
+            from .workers import check_workers_can_play
+
+            check_workers_can_play(factories)
         writer = self.writer
-        # the writer's index answers per job, so a run costs O(jobs) however much the directory already holds
-        previous = {j.negotiation_id: writer.latest(j.negotiation_id) for j in jobs} if writer is not None else {}
         counts = _Counts()
-        global_slots = asyncio.Semaphore(self.concurrency)
-        kind_slots = {k: asyncio.Semaphore(n) for k, n in self.per_kind.items()}
-
-        async def one(job: Job) -> Played | None:
-            before = previous.get(job.negotiation_id)
-            if before is not None and before.ok:
-                counts.skipped += 1
-                return None
-            attempt = 0 if before is None else before.number + 1
-            return await self._play(job, attempt, global_slots, kind_slots, counts)
-
+        # the writer's index answers per job, so a run costs O(jobs) however much the directory already holds
+        attempts = [self._attempt(j, writer, counts) for j in jobs] if writer is not None else [0] * len(jobs)
         try:
-            played = await asyncio.gather(*(one(j) for j in jobs))
+            if self.pool is None:
+                played = await self._play_here(jobs, attempts, counts)
+            else:
+                played = await self._play_in_workers(self.pool, jobs, attempts, counts)
         finally:
             if self.writer is not None:
                 self.writer.flush()
@@ -233,6 +238,68 @@ class Marketplace:
             wall = time.perf_counter() - counts.started
             self.bus.publish(RunFinished(len(jobs), counts.ran, counts.skipped, counts.errors, wall))
         return played  # type: ignore[return-value]
+
+    @staticmethod
+    def _attempt(job: Job, writer: TranscriptWriter, counts: _Counts) -> int | None:
+        """The attempt number ``job`` is to be played as; None (and counted as skipped) if it is complete."""
+        before = writer.latest(job.negotiation_id)
+        if before is not None and before.ok:
+            counts.skipped += 1
+            return None
+        return 0 if before is None else before.number + 1
+
+    async def _play_here(
+        self, jobs: Sequence[Job], attempts: Sequence[int | None], counts: _Counts
+    ) -> list[Played | None]:
+        global_slots = asyncio.Semaphore(self.concurrency)
+        kind_slots = {k: asyncio.Semaphore(n) for k, n in self.per_kind.items()}
+
+        async def one(job: Job, attempt: int | None) -> Played | None:
+            if attempt is None:
+                return None
+            return await self._play(job, attempt, global_slots, kind_slots, counts)
+
+        return list(await asyncio.gather(*(one(j, a) for j, a in zip(jobs, attempts, strict=True))))
+
+    async def _play_in_workers(
+        self, pool: WorkerPool, jobs: Sequence[Job], attempts: Sequence[int | None], counts: _Counts
+    ) -> list[Played | None]:
+        """Play the jobs to play on ``pool``; each chunk's results are written and published as it comes back (chunks
+        done at once in job order), and returned in job order whatever the workers' scheduling."""
+        todo = [i for i, a in enumerate(attempts) if a is not None]
+        played: list[Played | None] = [None] * len(jobs)
+        sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind)
+        pending = {asyncio.wrap_future(future): chunk for chunk, future in sent}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: pending[f].start):
+                    chunk = pending.pop(future)
+                    for k, finished in enumerate(future.result(), start=chunk.start):
+                        i = todo[k]
+                        played[i] = self._finish(jobs[i], attempts[i], finished, counts)  # type: ignore[arg-type]
+        finally:
+            for future in pending:  # a chunk failed (or the run was interrupted): what is not started never will be
+                future.cancel()
+        return played
+
+    def _finish(self, job: Job, attempt: int, finished: Finished, counts: _Counts) -> Played:
+        """A negotiation a worker played, counted, written and published here as if it had been played here."""
+        result = finished.result
+        counts.ran += 1
+        counts.errors += result.outcome.end_reason is EndReason.ERROR
+        played = self._scored(Played(job, result, attempt, wall_s=finished.wall_s))
+        watched = self.bus is not None and self.bus.active
+        if watched:
+            self.bus.publish(NegotiationStarted(job, attempt))
+            on_turn = _turn_publisher(self.bus, job.negotiation_id)
+            for turn in result.turns:
+                on_turn(turn)
+        if self.writer is not None:
+            self.writer.add(job, attempt, result, finished.wall_s, reward=played.reward)
+        if watched:
+            self.bus.publish(NegotiationEnded(job, attempt, result, finished.wall_s))
+        return played
 
     def _read_back(
         self, jobs: Sequence[Job], played: Sequence[Played | None], writer: TranscriptWriter
@@ -272,6 +339,7 @@ class Marketplace:
             start = time.perf_counter()
             played = await self._negotiate(job, attempt, seller_f, buyer_f, watched)
             wall = time.perf_counter() - start
+        played = replace(played, wall_s=wall)
         result = played.result
         counts.ran += 1
         counts.errors += result.outcome.end_reason is EndReason.ERROR

@@ -6,7 +6,9 @@ in pair order. Same seed, same days, same transcripts. Sellers may be :mod:`lear
 play each of their pairs as a group and learn from it after the day.
 
 Deals are settled by the rule of :mod:`.settlement`; the days' statistics are the typed rows of :mod:`.day_stats`;
-a rerun replays the days already on disk as :mod:`.replay` describes.
+a rerun replays the days already on disk as :mod:`.replay` describes. With a :class:`~nego.market.workers.WorkerPool`
+the day's negotiations are played, and its generated scenarios made, by worker processes; matching, planning and
+settlement stay here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import mesa
@@ -39,9 +42,11 @@ from .replay import StoredSlots, resume_learners
 from .settlement import Settlement, check_tradeable, settle
 from .traders import BuyerAgent, BuyerSetup, SellerAgent, SellerSetup
 from .types import EndReason, NegotiationResult, Outcome
+from .workers import run_map, tradeable_scenario
 
 if TYPE_CHECKING:
     from .transcripts import TranscriptWriter
+    from .workers import WorkerPool
 
 T = TypeVar("T")
 
@@ -51,7 +56,8 @@ ScenarioSource = Sequence[Scenario] | Callable[[int], Scenario]
 
 class MarketModel(mesa.Model):
     """Sellers and buyers trading over market days; ``step()`` plays one day. Use as a context manager (or call
-    :meth:`close`) so its event loop is closed."""
+    :meth:`close`) so its event loop is closed. A ``pool`` (kept by the caller for the model's life) plays the
+    negotiations in worker processes; learners cannot learn there."""
 
     def __init__(
         self,
@@ -69,6 +75,7 @@ class MarketModel(mesa.Model):
         bus: EventBus | None = None,
         writer: TranscriptWriter | None = None,
         learners: Sequence[Learner] = (),
+        pool: WorkerPool | None = None,
     ) -> None:
         super().__init__(seed=seed)
         if days < 1:
@@ -89,6 +96,8 @@ class MarketModel(mesa.Model):
         bad = [lr.spec for lr in learners if lr.group_size < 1]
         if bad:
             raise ValueError(f"learner(s) {', '.join(bad)}: group_size must be >= 1")
+        if self.learners and pool is not None:
+            raise ValueError("learners learn from their episodes in this process: play them without worker processes")
         self._base_factories = factories
         self.market = Marketplace(
             self._factory if self.learners else factories,
@@ -98,6 +107,7 @@ class MarketModel(mesa.Model):
             bus=bus,
             writer=writer,
             scorer=self._score if self.learners else None,
+            pool=pool,
         )
         self.learned_through = resume_learners(self.learners.values(), writer)
         """The last day every learner has learned from (earlier days are replayed from transcripts on a rerun)."""
@@ -161,33 +171,32 @@ class MarketModel(mesa.Model):
         source = self._scenarios
         return int(self.rng.integers(2**31 if source is None or callable(source) else len(source)))
 
-    def _scenario(self, draw: int) -> Scenario:
+    def _scenarios_of(self, draws: Sequence[int]) -> list[Scenario]:
+        """The scenarios of ``draws``: taken from the list, or generated (on the workers, when there are any)."""
         source = self._scenarios
-        if source is None:
-            from nego.scenarios.generator import generate_scenario
-
-            source = generate_scenario
-        if callable(source):
-            scenario = source(draw)
-            check_tradeable(scenario)
-            return scenario
-        return source[draw]
+        if source is not None and not callable(source):
+            return [source[d] for d in draws]
+        return run_map(partial(tradeable_scenario, source), draws, self.market.pool)
 
     def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:
         """Per pair, in pair order: the jobs to play (one, or a learner's group: the market's negotiation first, then
         its rollouts), or the outcome stored by an earlier run of the same slot."""
-        plan: list[list[Job] | Outcome] = []
+        plan: list[list[Job] | Outcome | None] = []
+        slots = []  # the pairs to play: (pair, seller, buyer, seed, draw)
         for i, (s, b) in enumerate(pairs):
             seed = int(np.random.SeedSequence([self.seed, day, i]).generate_state(1, np.uint64)[0] >> 1)
             draw = self._draw()
             stored = self.stored.outcome(day, i, s.spec, b.spec, seed, draw, self._scenarios)
-            if stored is not None:
-                plan.append(stored)
-                continue
-            job = Job(self._scenario(draw), s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
+            plan.append(stored)
+            if stored is None:
+                slots.append((i, s, b, seed, draw))
+        # every draw is taken first and the scenarios made afterwards, in one batch: the same draws as one at a time
+        scenarios = self._scenarios_of([draw for *_, draw in slots])
+        for (i, s, b, seed, _), scenario in zip(slots, scenarios, strict=True):
+            job = Job(scenario, s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)
             learner = self.learners.get(s.spec)
-            plan.append([job] if learner is None else self._group(job, learner, day, i))
-        return plan
+            plan[i] = [job] if learner is None else self._group(job, learner, day, i)
+        return plan  # type: ignore[return-value]
 
     def _group(self, job: Job, learner: Learner, day: int, pair: int) -> list[Job]:
         version = learner.policy_version

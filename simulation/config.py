@@ -51,6 +51,11 @@ class SimulateConfig:
         default=None, metadata={"help": "Transcript directory (default runs/simulate-seed<SEED>); rerun to resume."}
     )
     threads: int = _f(0, THREADS_HELP)
+    workers: int = _f(
+        1,
+        "Processes playing the negotiations (1: this one). Same transcripts for any number; rule and remote/API "
+        "agents only (not --learn, nor models loaded in this process).",
+    )
     learn: str | None = _f(
         None,
         "A seller that learns while the market runs: a registered model (tiny, NAME-rl), hf:PATH (GRPO), or "
@@ -73,6 +78,7 @@ class SimulateConfig:
             "concurrency": 1,
             "max_retries": 0,
             "threads": 0,
+            "workers": 1,
             "learn_sellers": 1,
             "learn_group": 1,
             "learn_batch": 1,
@@ -82,6 +88,8 @@ class SimulateConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if not self.sellers or not self.buyers:
             raise ValueError("give at least one seller spec and one buyer spec")
+        if self.learn and self.workers > 1:
+            raise ValueError("--learn learns from its episodes in this process: run it with --workers 1")
         if self.learn:
             self._keep_held_out_buyers_out()
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -20,6 +21,7 @@ from nego.market.events import EventBus
 from nego.market.locks import exclusive_run
 from nego.market.protocol import ProtocolConfig
 from nego.market.transcripts import TranscriptWriter, read_negotiations
+from nego.market.workers import WorkerPool, check_workers_can_play
 
 from .config import SimulateConfig
 from .sources import load_scenario_source
@@ -83,12 +85,16 @@ def run_simulation(
     observer = observer or _Quiet()
     settings = cfg.model.settings()
     factories = {spec: resolve(spec, settings) for spec in {*cfg.sellers, *cfg.buyers}}  # fail fast on a bad spec
+    if cfg.workers > 1:
+        check_workers_can_play(factories.values())
     scenarios = load_scenario_source(cfg.scenarios) if cfg.scenarios else None
     sellers = [SellerSetup(cfg.sellers[i % len(cfg.sellers)], cfg.inventory) for i in range(cfg.negotiations)]
     n_buyers = cfg.negotiations + (cfg.learn_sellers if cfg.learn else 0)
     buyers = [BuyerSetup(cfg.buyers[i % len(cfg.buyers)], cfg.demand) for i in range(n_buyers)]
     bus = bus or EventBus()
-    with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"):
+    # workers resolve the same specs with the same settings; one pool serves every day of the run
+    pool = WorkerPool(cfg.workers, partial(resolve, settings=settings)) if cfg.workers > 1 else None
+    with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"), pool or contextlib.nullcontext():
         learners = []
         if cfg.learn:
             learner = _learner(cfg, observer.note)
@@ -111,6 +117,7 @@ def run_simulation(
             bus=bus,
             writer=writer,
             learners=learners,
+            pool=pool,
         )
         with model, writer:
             try:

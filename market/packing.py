@@ -1,0 +1,98 @@
+"""Negotiation results as plain tuples, to cross a process boundary cheaply.
+
+Pickle stores a frozen slotted dataclass field by field through Python-level state functions, so a result of a
+dozen turns costs about as much to pickle and unpickle as the negotiation cost to play. Tuples of strings and
+numbers go through pickle's C paths; :func:`unpack_result` rebuilds exactly the result :func:`pack_result` was given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nego.scenarios.scenario import Role
+
+from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
+
+PackedResult = tuple[Any, ...]
+"""What :func:`pack_result` makes: nested tuples of str, int, float, bool, None and dicts of offer values."""
+
+_ROLES = {r.value: r for r in Role}
+_KINDS = {k.value: k for k in ActionKind}
+_REASONS = {r.value: r for r in EndReason}
+
+
+def _pack_usage(u: Usage | None) -> tuple[Any, ...] | None:
+    return None if u is None else (u.prompt_tokens, u.completion_tokens, u.latency_s, u.cost_usd, u.calls)
+
+
+def _pack_offer(offer: Offer | None) -> dict[str, Any] | None:
+    return None if offer is None else offer.to_dict()
+
+
+def _pack_turn(t: Turn) -> tuple[Any, ...]:
+    a = t.action
+    action = (a.kind.value, _pack_offer(a.offer), a.message, a.raw, a.error, _pack_usage(a.usage))
+    return (t.index, t.round, t.role.value, t.attempt, action, t.valid, t.feedback, t.utility_seller, t.utility_buyer)
+
+
+def pack_result(r: NegotiationResult) -> PackedResult:
+    """``r`` as nested tuples of plain values (see :func:`unpack_result`)."""
+    o = r.outcome
+    outcome = (
+        o.end_reason.value,
+        _pack_offer(o.agreement),
+        o.seller_utility,
+        o.buyer_utility,
+        o.rounds,
+        o.turns,
+        None if o.ended_by is None else o.ended_by.value,
+        o.invalid_seller,
+        o.invalid_buyer,
+        o.forfeits_seller,
+        o.forfeits_buyer,
+        o.error,
+    )
+    turns = tuple(_pack_turn(t) for t in r.turns)
+    return (r.scenario_id, r.seed, outcome, turns, _pack_usage(r.usage_seller), _pack_usage(r.usage_buyer))
+
+
+def _usage(packed: tuple[Any, ...] | None) -> Usage | None:
+    return None if packed is None else Usage(*packed)
+
+
+def _offer(packed: dict[str, Any] | None) -> Offer | None:
+    return None if packed is None else Offer(packed)
+
+
+def _turn(packed: tuple[Any, ...]) -> Turn:
+    index, round_, role, attempt, (kind, offer, message, raw, error, usage), valid, feedback, us, ub = packed
+    action = Action(_KINDS[kind], _offer(offer), message, raw, error, _usage(usage))
+    return Turn(index, round_, _ROLES[role], attempt, action, valid, feedback, us, ub)
+
+
+def unpack_result(packed: PackedResult) -> NegotiationResult:
+    """The :class:`NegotiationResult` that :func:`pack_result` packed."""
+    scenario_id, seed, o, turns, usage_seller, usage_buyer = packed
+    reason, agreement, us, ub, rounds, n_turns, ended_by, inv_s, inv_b, forf_s, forf_b, error = o
+    outcome = Outcome(
+        _REASONS[reason],
+        _offer(agreement),
+        us,
+        ub,
+        rounds,
+        n_turns,
+        None if ended_by is None else _ROLES[ended_by],
+        inv_s,
+        inv_b,
+        forf_s,
+        forf_b,
+        error,
+    )
+    return NegotiationResult(
+        scenario_id,
+        seed,
+        outcome,
+        tuple(_turn(t) for t in turns),
+        _usage(usage_seller),  # type: ignore[arg-type]
+        _usage(usage_buyer),  # type: ignore[arg-type]
+    )
