@@ -267,7 +267,10 @@ class Marketplace:
 
         todo = [i for i, a in enumerate(attempts) if a is not None]
         played: list[Played | None] = [None] * len(jobs)
-        sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind)
+        waiting = any(
+            self.factory(s).kind != "rule" for s in {s for i in todo for s in (jobs[i].seller, jobs[i].buyer)}
+        )
+        sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind, waiting=waiting)
         pending = {asyncio.wrap_future(future): chunk for chunk, future in sent}
         try:
             while pending:

@@ -27,6 +27,7 @@ import multiprocessing.connection
 import multiprocessing.util
 import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -109,7 +110,8 @@ class WorkerPool:
             max_workers=workers,
             mp_context=_context(factories),
             initializer=_start_worker,
-            initargs=(factories,),
+            # a forkserver's children inherit its environment, not this process's as it is now
+            initargs=(factories, dict(os.environ)),
         )
         self._starting = threading.Thread(target=self._start, name="worker-start", daemon=True)
         self._starting.start()
@@ -119,19 +121,26 @@ class WorkerPool:
             future.exception()  # a worker that cannot start breaks the pool: the first chunk sent to it says so
 
     def play(
-        self, jobs: Sequence[Job], protocol: ProtocolConfig, concurrency: int, per_kind: Mapping[str, int]
+        self,
+        jobs: Sequence[Job],
+        protocol: ProtocolConfig,
+        concurrency: int,
+        per_kind: Mapping[str, int],
+        *,
+        waiting: bool = False,
     ) -> list[tuple[Chunk, Future[bytes]]]:
         """Send ``jobs`` to the workers in chunks; each chunk's future holds its results in job order, to be read with
-        :func:`finished`.
+        :func:`finished`. ``waiting``: the negotiations mostly wait (on a server, an API) rather than compute.
 
         The caps are the market's: each worker plays under its share of them, so all workers together never
         exceed them (where a cap is at least the number of workers)."""
         share = max(1, concurrency // self.workers)
         kinds = {kind: max(1, cap // self.workers) for kind, cap in per_kind.items()}
-        # chunks as large as a worker's share of the cap (so remote agents keep their requests in flight), but a
-        # few per worker, so that a small batch is still spread over them all and one chunk's results are written
-        # while the next chunks are played
-        size = max(1, min(share, math.ceil(len(jobs) / (self.workers * 4))))
+        # a worker plays one chunk at a time: negotiations that wait go in chunks as large as its share of the cap,
+        # so that as many are in flight as in one process; negotiations that compute go in a few chunks per
+        # worker, so that one chunk's results are written while the next chunks are played
+        spread = 1 if waiting else 4
+        size = max(1, min(share, math.ceil(len(jobs) / (self.workers * spread))))
         out = []
         for start in range(0, len(jobs), size):
             chunk = Chunk(start, tuple(jobs[start : start + size]))
@@ -164,7 +173,9 @@ def _context(factories: FactorySource) -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, "nego.scenarios.generator", *_modules_of(factories)])
+    main = getattr(sys.modules["__main__"], "__spec__", None)  # a worker imports a `python -m` main module again
+    mains = [main.name] if main is not None and not main.name.endswith("__main__") else []
+    context.set_forkserver_preload([__name__, "nego.scenarios.generator", *_modules_of(factories), *mains])
     return context
 
 
@@ -187,8 +198,10 @@ class _WorkerState:
 _STATE: _WorkerState | None = None
 
 
-def _start_worker(factories: FactorySource) -> None:
+def _start_worker(factories: FactorySource, environ: dict[str, str]) -> None:
     global _STATE
+    os.environ.clear()
+    os.environ.update(environ)  # credentials, NEGO_HOME, ...: what the parent's own factories were built with
     # one loop for the worker's life, as in the parent: async clients keep their connection pools between chunks
     _STATE = _WorkerState(factories, asyncio.Runner(), {})
     multiprocessing.util.Finalize(None, _stop_worker, exitpriority=10)
