@@ -139,7 +139,7 @@ class WorkerPool:
         # a worker plays one chunk at a time: negotiations that wait go in chunks as large as its share of the cap,
         # so that as many are in flight as in one process; negotiations that compute go in a few chunks per
         # worker, so that one chunk's results are written while the next chunks are played
-        spread = 1 if waiting else 4
+        spread = 1 if waiting else 8
         size = max(1, min(share, math.ceil(len(jobs) / (self.workers * spread))))
         out = []
         for start in range(0, len(jobs), size):
@@ -147,13 +147,19 @@ class WorkerPool:
             out.append((chunk, self._executor.submit(_play_chunk, chunk.jobs, protocol, share, kinds)))
         return out
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        """``[fn(x) for x in items]``, computed on the workers (``fn`` must be picklable: a module-level function or
-        a ``functools.partial`` of one)."""
-        size = max(1, math.ceil(len(items) / (self.workers * 4)))
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """``fn(x) for x in items``, in order, computed on the workers (``fn`` must be picklable: a module-level
+        function or a ``functools.partial`` of one). The values come as their chunks do: the caller can use the
+        first ones while the workers make the rest."""
+        size = max(1, math.ceil(len(items) / (self.workers * 8)))
         chunks = [tuple(items[i : i + size]) for i in range(0, len(items), size)]
         futures = [self._executor.submit(_map_chunk, fn, chunk) for chunk in chunks]
-        return [value for future in futures for value in _loads(future.result())]
+        try:
+            for future in futures:
+                yield from _loads(future.result())
+        finally:
+            for future in futures:  # the caller stopped early, or a chunk failed
+                future.cancel()
 
     def close(self) -> None:
         """Stop the workers (what they still hold is closed on their way out); queued chunks are dropped."""
@@ -304,8 +310,9 @@ def tradeable_scenario(source: Callable[[int], Scenario] | None, draw: int) -> S
     return scenario
 
 
-def run_map(fn: Callable[..., Any], items: Sequence[Any], pool: WorkerPool | None) -> list[Any]:
-    """``fn`` over ``items`` on ``pool``'s workers, or here without a pool (or when ``fn`` cannot be sent)."""
+def run_map(fn: Callable[..., Any], items: Sequence[Any], pool: WorkerPool | None) -> Iterator[Any]:
+    """``fn`` over ``items``, in order: on ``pool``'s workers, or here without a pool (or when ``fn`` cannot be
+    sent), one at a time as the caller asks."""
     if pool is None or len(items) < 2 or not picklable(fn):
-        return [fn(x) for x in items]
+        return (fn(x) for x in items)
     return pool.map(fn, items)

@@ -140,7 +140,7 @@ async def test_api_agents_play_from_the_workers_with_the_parents_settings_and_en
     from ..fakes.llm_server import prompt_brain, serve
 
     key = "sk-workers-CANARY-5d21"
-    assert pool.map(abs, [-1, -2]) == [1, 2]  # the workers' server runs: what is set now must still reach workers
+    assert list(pool.map(abs, [-1, -2])) == [1, 2]  # the workers' server runs: what is set now must still reach workers
     monkeypatch.setenv("OPENAI_API_KEY", key)
     plan = {"seller": [{"price": p, "quantity": 10, "warranty": "1y"} for p in (150, 130, 110)], "buyer": []}
     brain = prompt_brain(plan, {"seller": 0.6, "buyer": 0.55})
