@@ -266,18 +266,23 @@ class Marketplace:
     ) -> list[Played | None]:
         """Play the jobs to play on ``pool``; each chunk's results are written and published as it comes back (chunks
         done at once in job order), and returned in job order whatever the workers' scheduling."""
+        from .workers import finished
+
         todo = [i for i, a in enumerate(attempts) if a is not None]
         played: list[Played | None] = [None] * len(jobs)
-        sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind)
+        waiting = any(
+            self.factory(s).kind != "rule" for s in {s for i in todo for s in (jobs[i].seller, jobs[i].buyer)}
+        )
+        sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind, waiting=waiting)
         pending = {asyncio.wrap_future(future): chunk for chunk, future in sent}
         try:
             while pending:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: pending[f].start):
                     chunk = pending.pop(future)
-                    for k, finished in enumerate(future.result(), start=chunk.start):
+                    for k, one in enumerate(finished(future.result()), start=chunk.start):
                         i = todo[k]
-                        played[i] = self._finish(jobs[i], attempts[i], finished, counts)  # type: ignore[arg-type]
+                        played[i] = self._finish(jobs[i], attempts[i], one, counts)  # type: ignore[arg-type]
         finally:
             for future in pending:  # a chunk failed (or the run was interrupted): what is not started never will be
                 future.cancel()

@@ -14,7 +14,7 @@ settlement stay here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -171,11 +171,12 @@ class MarketModel(mesa.Model):
         source = self._scenarios
         return int(self.rng.integers(2**31 if source is None or callable(source) else len(source)))
 
-    def _scenarios_of(self, draws: Sequence[int]) -> list[Scenario]:
-        """The scenarios of ``draws``: taken from the list, or generated (on the workers, when there are any)."""
+    def _scenarios_of(self, draws: Sequence[int]) -> Iterator[Scenario]:
+        """The scenarios of ``draws``, in order: taken from the list, or generated (on the workers, when there are
+        any, while the first ones are made into jobs)."""
         source = self._scenarios
         if source is not None and not callable(source):
-            return [source[d] for d in draws]
+            return (source[d] for d in draws)
         return run_map(partial(tradeable_scenario, source), draws, self.market.pool)
 
     def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:

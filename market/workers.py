@@ -11,28 +11,33 @@ own seed, so a negotiation plays the same in a worker as in the parent.
 The pool also maps pure functions over items (:meth:`WorkerPool.map`), which the population model uses to
 generate a day's scenarios on the workers while it keeps the day's planning to itself.
 
-Workers start with ``spawn``: the parent may already run threads (the pool's own, HTTP clients), and forking a
-process with threads can deadlock it.
+Workers start from a ``forkserver`` (``spawn`` where there is none), never by forking the parent: it may already run
+threads (the pool's own, HTTP clients), and forking a process with threads can deadlock it. A script that makes a
+pool must guard its entry point with ``if __name__ == "__main__":``, as for any such pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
 import os
 import pickle
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nego.scenarios.scenario import Scenario
 
-from .packing import PackedResult, pack_result, unpack_result
+from .packing import pack_result, unpack_result
 from .protocol import ProtocolConfig
 from .settlement import check_tradeable
 from .types import NegotiationResult
@@ -50,15 +55,10 @@ calls could no longer be batched across the market, so they are refused with wor
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """One negotiation a worker played: its result (packed for the trip, see :mod:`.packing`) and how long it took
-    (wall seconds, in the worker)."""
+    """One negotiation a worker played: its result and how long it took (wall seconds, in the worker)."""
 
-    packed: PackedResult
+    result: NegotiationResult
     wall_s: float
-
-    @property
-    def result(self) -> NegotiationResult:
-        return unpack_result(self.packed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,8 @@ def picklable(value: object) -> bool:
 class WorkerPool:
     """``workers`` processes that play jobs with ``factories``; kept for a whole run and closed with it.
 
-    Use as a context manager (or call :meth:`close`). The processes start on first use.
+    Use as a context manager (or call :meth:`close`). The processes start at once, in the background, so that they
+    start while the caller sets up the rest of its run.
     """
 
     def __init__(self, workers: int, factories: FactorySource) -> None:
@@ -107,39 +108,62 @@ class WorkerPool:
         self.workers = workers
         self._executor = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=_context(),
+            mp_context=_context(factories),
             initializer=_start_worker,
-            initargs=(factories,),
+            # a forkserver's children inherit its environment, not this process's as it is now
+            initargs=(factories, dict(os.environ)),
         )
+        self._starting = threading.Thread(target=self._start, name="worker-start", daemon=True)
+        self._starting.start()
+
+    def _start(self) -> None:
+        for future in [self._executor.submit(_ready) for _ in range(self.workers)]:
+            future.exception()  # a worker that cannot start breaks the pool: the first chunk sent to it says so
 
     def play(
-        self, jobs: Sequence[Job], protocol: ProtocolConfig, concurrency: int, per_kind: Mapping[str, int]
-    ) -> list[tuple[Chunk, Future[list[Finished]]]]:
-        """Send ``jobs`` to the workers in chunks; each chunk's future holds its results in job order.
+        self,
+        jobs: Sequence[Job],
+        protocol: ProtocolConfig,
+        concurrency: int,
+        per_kind: Mapping[str, int],
+        *,
+        waiting: bool = False,
+    ) -> list[tuple[Chunk, Future[bytes]]]:
+        """Send ``jobs`` to the workers in chunks; each chunk's future holds its results in job order, to be read with
+        :func:`finished`. ``waiting``: the negotiations mostly wait (on a server, an API) rather than compute.
 
         The caps are the market's: each worker plays under its share of them, so all workers together never
         exceed them (where a cap is at least the number of workers)."""
         share = max(1, concurrency // self.workers)
         kinds = {kind: max(1, cap // self.workers) for kind, cap in per_kind.items()}
-        # chunks as large as a worker's share of the cap (so remote agents keep their requests in flight), but
-        # at least one per worker, so that a small batch is still spread over them all
-        size = max(1, min(share, math.ceil(len(jobs) / self.workers)))
+        # a worker plays one chunk at a time: negotiations that wait go in chunks as large as its share of the cap,
+        # so that as many are in flight as in one process; negotiations that compute go in a few chunks per
+        # worker, so that one chunk's results are written while the next chunks are played
+        spread = 1 if waiting else 8
+        size = max(1, min(share, math.ceil(len(jobs) / (self.workers * spread))))
         out = []
         for start in range(0, len(jobs), size):
             chunk = Chunk(start, tuple(jobs[start : start + size]))
             out.append((chunk, self._executor.submit(_play_chunk, chunk.jobs, protocol, share, kinds)))
         return out
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        """``[fn(x) for x in items]``, computed on the workers (``fn`` must be picklable: a module-level function or
-        a ``functools.partial`` of one)."""
-        if not items:
-            return []
-        size = max(1, math.ceil(len(items) / (self.workers * 4)))
-        return list(self._executor.map(fn, items, chunksize=size))
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """``fn(x) for x in items``, in order, computed on the workers (``fn`` must be picklable: a module-level
+        function or a ``functools.partial`` of one). The values come as their chunks do: the caller can use the
+        first ones while the workers make the rest."""
+        size = max(1, math.ceil(len(items) / (self.workers * 8)))
+        chunks = [tuple(items[i : i + size]) for i in range(0, len(items), size)]
+        futures = [self._executor.submit(_map_chunk, fn, chunk) for chunk in chunks]
+        try:
+            for future in futures:
+                yield from _loads(future.result())
+        finally:
+            for future in futures:  # the caller stopped early, or a chunk failed
+                future.cancel()
 
     def close(self) -> None:
         """Stop the workers (what they still hold is closed on their way out); queued chunks are dropped."""
+        self._starting.join()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> WorkerPool:
@@ -149,14 +173,23 @@ class WorkerPool:
         self.close()
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """``forkserver`` where the platform has it (workers fork from a clean server that has imported the market
-    once, so they start in milliseconds), else ``spawn``."""
+def _context(factories: FactorySource) -> multiprocessing.context.BaseContext:
+    """``forkserver`` where the platform has it (workers fork from a clean server that has imported the market, the
+    scenario generator and the factories' modules once, so they start in milliseconds), else ``spawn``."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["nego.market.marketplace", "nego.market.workers"])
+    main = getattr(sys.modules["__main__"], "__spec__", None)  # a worker imports a `python -m` main module again
+    mains = [main.name] if main is not None and not main.name.endswith("__main__") else []
+    context.set_forkserver_preload([__name__, "nego.scenarios.generator", *_modules_of(factories), *mains])
     return context
+
+
+def _modules_of(factories: FactorySource) -> list[str]:
+    """The modules a worker imports to rebuild ``factories``: the resolver's, or each factory's."""
+    source = factories.func if isinstance(factories, functools.partial) else factories
+    found = (type(f) for f in source.values()) if isinstance(source, Mapping) else (source,)
+    return sorted({m for m in (getattr(f, "__module__", None) for f in found) if m and m != "__main__"})
 
 
 @dataclass
@@ -171,11 +204,17 @@ class _WorkerState:
 _STATE: _WorkerState | None = None
 
 
-def _start_worker(factories: FactorySource) -> None:
+def _start_worker(factories: FactorySource, environ: dict[str, str]) -> None:
     global _STATE
+    os.environ.clear()
+    os.environ.update(environ)  # credentials, NEGO_HOME, ...: what the parent's own factories were built with
     # one loop for the worker's life, as in the parent: async clients keep their connection pools between chunks
     _STATE = _WorkerState(factories, asyncio.Runner(), {})
     multiprocessing.util.Finalize(None, _stop_worker, exitpriority=10)
+    # this process only plays: what it has imported stays out of every collection, and the collector runs less
+    # often (a negotiation makes thousands of short-lived objects, hardly any of them cyclic)
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     parent = multiprocessing.parent_process()
     if parent is not None:  # a worker holds its own queue's write end, so it never sees EOF when the parent dies
         threading.Thread(target=_exit_with, args=(parent.sentinel,), name="parent-watch", daemon=True).start()
@@ -199,9 +238,47 @@ def _stop_worker() -> None:
         state.runner.close()
 
 
+def finished(data: bytes) -> list[Finished]:
+    """The results of a chunk sent by :meth:`WorkerPool.play`, in job order."""
+    with _gc_paused():
+        return [Finished(unpack_result(packed), wall) for packed, wall in pickle.loads(data)]
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused: unpickling a chunk makes thousands of small acyclic objects, and the
+    collections they would trigger on the way walk a heap that holds nothing to collect."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _loads(data: bytes) -> Any:
+    with _gc_paused():
+        return pickle.loads(data)
+
+
+def _dumps(value: object) -> bytes:
+    # a worker pickles what it sends, so that the parent unpickles it in _loads, not in the pool's result thread
+    with _gc_paused():
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _ready() -> None:
+    """Nothing: sent once per worker so that every process starts."""
+
+
+def _map_chunk(fn: Callable[[T], R], items: tuple[T, ...]) -> bytes:
+    return _dumps([fn(x) for x in items])
+
+
 def _play_chunk(
     jobs: tuple[Job, ...], protocol: ProtocolConfig, concurrency: int, per_kind: Mapping[str, int]
-) -> list[Finished]:
+) -> bytes:
     from .marketplace import Marketplace
 
     state = _STATE
@@ -218,7 +295,7 @@ def _play_chunk(
             f"{kept.seller} vs {kept.buyer}: a side keeps a record of its episode (a learner's), which a worker "
             "process cannot hand back; play it with workers=1"
         )
-    return [Finished(pack_result(p.result), p.wall_s) for p in played]
+    return _dumps([(pack_result(p.result), p.wall_s) for p in played])
 
 
 def tradeable_scenario(source: Callable[[int], Scenario] | None, draw: int) -> Scenario:
@@ -233,8 +310,9 @@ def tradeable_scenario(source: Callable[[int], Scenario] | None, draw: int) -> S
     return scenario
 
 
-def run_map(fn: Callable[..., Any], items: Sequence[Any], pool: WorkerPool | None) -> list[Any]:
-    """``fn`` over ``items`` on ``pool``'s workers, or here without a pool (or when ``fn`` cannot be sent)."""
+def run_map(fn: Callable[..., Any], items: Sequence[Any], pool: WorkerPool | None) -> Iterator[Any]:
+    """``fn`` over ``items``, in order: on ``pool``'s workers, or here without a pool (or when ``fn`` cannot be
+    sent), one at a time as the caller asks."""
     if pool is None or len(items) < 2 or not picklable(fn):
-        return [fn(x) for x in items]
+        return (fn(x) for x in items)
     return pool.map(fn, items)

@@ -19,6 +19,7 @@ from typing import Protocol
 import polars as pl
 from nego.market.events import EventBus
 from nego.market.locks import exclusive_run
+from nego.market.marketplace import NegotiatorFactory
 from nego.market.protocol import ProtocolConfig
 from nego.market.transcripts import TranscriptWriter, read_negotiations
 from nego.market.workers import WorkerPool, check_workers_can_play
@@ -80,21 +81,32 @@ def run_simulation(
     """Run the market described by ``cfg``, writing transcripts to ``cfg.out_dir`` (resuming what is there);
     ``observer`` (default: nobody) is told how it goes."""
     from nego.agents.registry import resolve
-    from nego.market.population import BuyerSetup, MarketModel, SellerSetup
 
-    observer = observer or _Quiet()
     settings = cfg.model.settings()
     factories = {spec: resolve(spec, settings) for spec in {*cfg.sellers, *cfg.buyers}}  # fail fast on a bad spec
     if cfg.workers > 1:
         check_workers_can_play(factories.values())
+    # workers resolve the same specs with the same settings; one pool serves every day of the run, and it starts
+    # while the rest of the run is set up
+    pool = WorkerPool(cfg.workers, partial(resolve, settings=settings)) if cfg.workers > 1 else None
+    with pool or contextlib.nullcontext():
+        return _run(cfg, factories, pool, bus or EventBus(), observer or _Quiet())
+
+
+def _run(
+    cfg: SimulateConfig,
+    factories: dict[str, NegotiatorFactory],
+    pool: WorkerPool | None,
+    bus: EventBus,
+    observer: SimulationObserver,
+) -> SimulationResult:
+    from nego.market.population import BuyerSetup, MarketModel, SellerSetup
+
     scenarios = load_scenario_source(cfg.scenarios) if cfg.scenarios else None
     sellers = [SellerSetup(cfg.sellers[i % len(cfg.sellers)], cfg.inventory) for i in range(cfg.negotiations)]
     n_buyers = cfg.negotiations + (cfg.learn_sellers if cfg.learn else 0)
     buyers = [BuyerSetup(cfg.buyers[i % len(cfg.buyers)], cfg.demand) for i in range(n_buyers)]
-    bus = bus or EventBus()
-    # workers resolve the same specs with the same settings; one pool serves every day of the run
-    pool = WorkerPool(cfg.workers, partial(resolve, settings=settings)) if cfg.workers > 1 else None
-    with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"), pool or contextlib.nullcontext():
+    with exclusive_run(cfg.out_dir, f"nego simulate --out {cfg.out_dir}"):
         learners = []
         if cfg.learn:
             learner = _learner(cfg, observer.note)

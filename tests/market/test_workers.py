@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -20,7 +21,7 @@ from nego.market.marketplace import Job, Marketplace
 from nego.market.population import BuyerSetup, MarketModel, SellerSetup
 from nego.market.transcript_rows import TIMING_COLUMNS
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
-from nego.market.types import NegotiationResult
+from nego.market.types import EndReason, NegotiationResult
 from nego.market.workers import WorkerPool
 from nego.scenarios.scenario import Role
 from nego.simulation import SimulateConfig, run_simulation
@@ -129,6 +130,34 @@ async def test_a_side_that_keeps_a_record_is_refused_in_a_worker(pool):
     job = Job(make_widget_scenario(), "recorder", "b", seed=1)
     with pytest.raises(ValueError, match="keeps a record"):
         await Marketplace(SPECS, pool=pool).run([job])
+
+
+async def test_api_agents_play_from_the_workers_with_the_parents_settings_and_environment(pool, tmp_path, monkeypatch):
+    from nego.agents.llm.backends.limits import RetryPolicy
+    from nego.agents.model_specs import LLMSettings
+    from nego.agents.registry import resolve
+
+    from ..fakes.llm_server import prompt_brain, serve
+
+    key = "sk-workers-CANARY-5d21"
+    assert list(pool.map(abs, [-1, -2])) == [1, 2]  # the workers' server runs: what is set now must still reach workers
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    plan = {"seller": [{"price": p, "quantity": 10, "warranty": "1y"} for p in (150, 130, 110)], "buyer": []}
+    brain = prompt_brain(plan, {"seller": 0.6, "buyer": 0.55})
+    async with serve(brain) as srv:
+        settings = LLMSettings(base_url=srv.openai_url, policy=RetryPolicy(max_attempts=2, timeout_s=5.0))
+        factories = functools.partial(resolve, settings=settings)
+        jobs = [Job(make_widget_scenario(), "openai:seller-model", "conceder", seed=i) for i in range(6)]
+        with WorkerPool(2, factories) as api_pool, TranscriptWriter(tmp_path) as writer:
+            market = Marketplace(factories, writer=writer, pool=api_pool)
+            there = await market.run(jobs)
+            await market.aclose()
+        here = await Marketplace(factories).run(jobs)
+        requests = list(srv.requests)
+    assert [r.outcome for r in there] == [r.outcome for r in here]
+    assert all(r.outcome.end_reason is not EndReason.ERROR for r in there), [r.outcome.error for r in there]
+    assert sum(r.usage_seller.calls for r in there + here) == len(requests)
+    assert all(request.headers.get("Authorization") == f"Bearer {key}" for request in requests)
 
 
 def test_factories_a_worker_cannot_rebuild_are_refused():
