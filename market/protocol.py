@@ -69,9 +69,13 @@ def check_offer(scenario: Scenario, offer: Offer | None) -> tuple[Offer | None, 
     if offer is None:
         return None, "an offer must assign a value to every issue; none was given"
     issues = scenario.issues
+    if isinstance(offer, Offer) and offer._valid_for is issues:  # checked before: offers are immutable
+        return offer, None
     if len(offer) == len(issues):
         try:  # fast path: exactly the issue names, every value already legal and normalised
             if all(issue.validate(offer[issue.name]) is offer[issue.name] for issue in issues):
+                if isinstance(offer, Offer):
+                    offer._valid_for = issues
                 return offer, None
         except (KeyError, InvalidValueError):
             pass
@@ -180,16 +184,11 @@ class _Game:
         self.invalid = {Role.SELLER: 0, Role.BUYER: 0}
         self.forfeits = {Role.SELLER: 0, Role.BUYER: 0}
         self.usage = {Role.SELLER: Usage(), Role.BUYER: Usage()}
+        self._scores: dict[int, tuple[Offer, float, float]] = {}
 
     def observation(self, role: Role, rnd: int, attempt: int, feedback: str | None) -> Observation:
-        return Observation(
-            scenario=self.views[role],
-            history=tuple(self.history),
-            round=rnd,
-            standing_offer=self.standing if self.standing_by is not role else None,
-            feedback=feedback,
-            attempt=attempt,
-        )
+        standing = self.standing if self.standing_by is not role else None
+        return Observation(self.views[role], tuple(self.history), rnd, standing, feedback, attempt)
 
     def record(self, rnd: int, role: Role, attempt: int, action: Action, feedback: str | None) -> None:
         """Record an attempted move; a valid one also joins the public history."""
@@ -197,17 +196,8 @@ class _Game:
             self.usage[role] = self.usage[role] + action.usage
         valid = feedback is None
         offer = action.offer if valid and action.kind is ActionKind.OFFER else None
-        turn = Turn(
-            index=len(self.turns),
-            round=rnd,
-            role=role,
-            attempt=attempt,
-            action=action,
-            valid=valid,
-            feedback=feedback,
-            utility_seller=self.u_seller(offer) if offer is not None else None,
-            utility_buyer=self.u_buyer(offer) if offer is not None else None,
-        )
+        us, ub = self.scores(offer) if offer is not None else (None, None)
+        turn = Turn(len(self.turns), rnd, role, attempt, action, valid, feedback, us, ub)
         self.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(turn)
@@ -215,6 +205,16 @@ class _Game:
             self.history.append(PublicMove(rnd, role, action.kind, offer, self.shown(action.message, role, rnd)))
         else:
             self.invalid[role] += 1
+
+    def scores(self, offer: Offer) -> tuple[float, float]:
+        """(seller utility, buyer utility) of ``offer``, computed once per offer object in this negotiation (the
+        cache keeps each offer alive, so its id is not reused meanwhile)."""
+        hit = self._scores.get(id(offer))
+        if hit is not None:
+            return hit[1], hit[2]
+        us, ub = self.u_seller(offer), self.u_buyer(offer)
+        self._scores[id(offer)] = (offer, us, ub)
+        return us, ub
 
     def shown(self, message: str, role: Role, rnd: int) -> str:
         """``message`` as the other side sees it: whole, or cut at ``max_message_chars`` with a note saying so."""

@@ -13,11 +13,24 @@ from nego.scenarios.scenario import Role, ScenarioView
 class Offer(Mapping[str, Value]):
     """A complete assignment of a value to every issue, read like a dict: ``offer["price"]``. Immutable."""
 
-    __slots__ = ("_hash", "_values")
+    __slots__ = ("_hash", "_valid_for", "_values")
 
     def __init__(self, values: Mapping[str, Value]) -> None:
         self._values = dict(values)
         self._hash: int | None = None
+        self._valid_for: object = None
+        """The issues tuple this offer was last found valid and normalised for (see ``protocol.check_offer``)."""
+
+    @classmethod
+    def known_valid(cls, values: Mapping[str, Value], issues: tuple) -> Offer:
+        """An offer whose values the caller built from ``issues``' validated grids, in the issues' order: the
+        protocol accepts it for those issues without checking each value again. The offer takes ``values`` over
+        (a dict is not copied: the caller must not keep changing it)."""
+        offer = cls.__new__(cls)
+        offer._values = values if type(values) is dict else dict(values)
+        offer._hash = None
+        offer._valid_for = issues
+        return offer
 
     def __getitem__(self, key: str) -> Value:
         return self._values[key]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from .limits import LimitProblem, is_finite_number, numeric_range_problem, options_problem
 
@@ -84,6 +85,14 @@ class Issue:
 
     def grid(self) -> tuple[Value, ...]:
         """The discrete values used for analysis and by rule-based agents (every legal value for int/categorical)."""
+        return _grid(self)
+
+    def grid_is_valid(self) -> bool:
+        """True if every grid value passes :meth:`validate` unchanged (so an offer built from grid values needs no
+        further check); computed once per distinct issue."""
+        return _grid_is_valid(self)
+
+    def _make_grid(self) -> tuple[Value, ...]:
         if self.kind is IssueKind.CATEGORICAL:
             return self.options
         if self.kind is IssueKind.INT:
@@ -125,3 +134,17 @@ class Issue:
             dom = f"{self.kind.value}{self._range_text()}"
         desc = f" ({self.description})" if self.description else ""
         return f"{self.name}: {dom}{desc}"
+
+
+@lru_cache(maxsize=4096)
+def _grid(issue: Issue) -> tuple[Value, ...]:
+    """An issue's grid, computed once per distinct issue (issues are immutable and compare by value)."""
+    return issue._make_grid()
+
+
+@lru_cache(maxsize=4096)
+def _grid_is_valid(issue: Issue) -> bool:
+    try:
+        return all(issue.validate(v) is v for v in issue.grid())
+    except InvalidValueError:
+        return False

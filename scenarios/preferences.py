@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 import numpy as np
 
@@ -61,8 +62,22 @@ class ValueFunction:
             raise ValueError(f"issue {issue.name!r} needs a direction: 'increasing' or 'decreasing'")
 
     def grid_values(self, issue: Issue) -> np.ndarray:
-        """Values of this function on the issue's grid, as float64."""
-        return np.array([self(issue, v) for v in issue.grid()], dtype=np.float64)
+        """Values of this function on the issue's grid, as a read-only float64 array (computed once per distinct
+        function and issue: both are immutable and compare by value)."""
+        return _grid_values(self, issue)
+
+
+@lru_cache(maxsize=4096)
+def _grid_values(fn: ValueFunction, issue: Issue) -> np.ndarray:
+    values = np.array([fn(issue, v) for v in issue.grid()], dtype=np.float64)
+    values.setflags(write=False)
+    return values
+
+
+@lru_cache(maxsize=4096)
+def _grid_table(fn: ValueFunction, issue: Issue) -> dict[Value, float]:
+    """{grid value: fn's value there}; internal and never mutated."""
+    return dict(zip(issue.grid(), _grid_values(fn, issue).tolist(), strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,24 +124,24 @@ class Preferences:
 
     def scorer(self, issues: tuple[Issue, ...]) -> Callable[[Mapping[str, Value]], float]:
         """A faster ``utility`` for many offers over the same issues: the same terms in the same order, so the
-        same floats, with the per-issue lookups done once."""
-        terms = []
-        for issue in issues:
-            vf = self.values[issue.name]
-            table = dict(vf.table) if issue.kind is IssueKind.CATEGORICAL else None
-            increasing = vf.direction is Direction.INCREASING
-            terms.append((issue.name, self.weights[issue.name], table, issue.low, issue.high, increasing))
+        same floats. A value on its issue's grid is looked up in a table of the value function's values there
+        (the same floats it computes); any other value is computed as ``utility`` computes it."""
+        terms = [
+            (issue.name, self.weights[issue.name], _grid_table(self.values[issue.name], issue), self.values[issue.name])
+            for issue in issues
+        ]
+        by_name = {issue.name: issue for issue in issues}
 
         def utility(offer: Mapping[str, Value]) -> float:
             u = 0.0
-            for name, weight, table, low, high, increasing in terms:
-                if table is not None:
-                    v = table[offer[name]]
-                else:
-                    x = (float(offer[name]) - low) / (high - low)
-                    v = x if increasing else 1.0 - x
+            for name, weight, on_grid, fn in terms:
+                value = offer[name]
+                v = on_grid.get(value)
+                if v is None:
+                    v = fn(by_name[name], value)
                 u += weight * v
-            return min(1.0, max(0.0, u))
+            u = u if u > 0.0 else 0.0  # min(1, max(0, u)), NaN to 0 as there
+            return u if u < 1.0 else 1.0
 
         return utility
 

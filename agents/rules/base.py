@@ -42,9 +42,16 @@ class RuleNegotiator:
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self._rng: np.random.Generator | None = None
         self._view: ScenarioView | None = None
         self._space: OutcomeSpace | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The negotiator's own random stream, seeded with its seed (made on first use: most rules never draw)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     def space(self, obs: Observation) -> OutcomeSpace:
         """The own outcome space of this negotiation, computed on first use."""

@@ -75,13 +75,18 @@ class OutcomeSpace:
         self._b = b
         self._names = names
         self._grids = grids
-        self._tables = [dict(zip(g, c.tolist(), strict=True)) for g, c in zip(grids, contribs, strict=True)]
-        self._preferences = preferences
+        self._score = preferences.scorer(issues)
         ia, ib = int(np.argmax(self._a)), int(np.argmax(b))
         self.best_index: Index = (ia, ib)
         self.best = float(self._a[ia] + b[ib])
         self.worst = float(self._a.min() + b.min())
         self._floor_cache: tuple[float, np.ndarray, np.ndarray] | None = None
+        self._offers: dict[Index, Offer] = {}
+        self._grid_valid = all(issue.grid_is_valid() for issue in issues)
+        # per group, (issue position, grid size, grid) from the fastest-varying issue of its flat index to the slowest
+        self._decode = tuple(
+            tuple((pos, len(grids[pos]), grids[pos]) for pos in reversed(group)) for group in (self._left, self._right)
+        )
 
     @property
     def size(self) -> int:
@@ -92,23 +97,25 @@ class OutcomeSpace:
         return float(self._a[index[0]] + self._b[index[1]])
 
     def offer(self, index: Index) -> Offer:
-        values: dict[str, Value] = {}
-        for group, flat in ((self._left, index[0]), (self._right, index[1])):
-            for pos in reversed(group):
-                flat, k = divmod(flat, len(self._grids[pos]))
-                values[self._names[pos]] = self._grids[pos][k]
-        return Offer({name: values[name] for name in self._names})
+        """The outcome at ``index`` as an offer; the same object each time it is asked for."""
+        offer = self._offers.get(index)
+        if offer is None:
+            offer = self._offers[index] = self._make_offer(index)
+        return offer
+
+    def _make_offer(self, index: Index) -> Offer:
+        values: list[Value] = [0] * len(self._names)
+        for flat, plan in zip(index, self._decode, strict=True):
+            for pos, size, grid in plan:
+                flat, k = divmod(flat, size)
+                values[pos] = grid[k]
+        ordered = dict(zip(self._names, values, strict=True))
+        return Offer.known_valid(ordered, self.issues) if self._grid_valid else Offer(ordered)
 
     def utility_of(self, offer: Mapping[str, Value]) -> float:
-        """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (same terms, same
-        order), from lookup tables when every value lies on the grid."""
-        u = 0.0
-        try:
-            for name, table in zip(self._names, self._tables, strict=True):
-                u += table[offer[name]]
-        except (KeyError, TypeError):
-            return self._preferences.utility(offer, self.issues)
-        return min(1.0, max(0.0, u))
+        """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (its scorer: same terms,
+        same order)."""
+        return self._score(offer)
 
     def candidates(self, target: float) -> Candidates:
         """Per left index, the cheapest right partner whose total reaches ``target`` (left indices without one are

@@ -28,6 +28,7 @@ from __future__ import annotations
 from nego.market.types import Action, Observation
 
 from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action
+from .search import OutcomeSpace
 
 
 class TimeDependent(RuleNegotiator):
@@ -54,19 +55,22 @@ class TimeDependent(RuleNegotiator):
         return obs.scenario.preferences.reservation + self.margin
 
     def target(self, obs: Observation) -> float:
-        space = self.space(obs)
-        lo = max(self.floor(obs), space.worst)
+        return self._target(self.space(obs), self.floor(obs), self.clock.time(obs))
+
+    def _target(self, space: OutcomeSpace, floor: float, t: float) -> float:
+        lo = max(floor, space.worst)
         hi = space.best
-        return hi - (hi - lo) * self.clock.time(obs) ** self._power
+        return hi - (hi - lo) * t**self._power
 
     async def act(self, obs: Observation) -> Action:
         space = self.space(obs)
         floor = self.floor(obs)
         if self.hopeless(space, floor):
             return WALK_AWAY
-        target = self.target(obs)
+        t = self.clock.time(obs)
+        target = self._target(space, floor, t)
         if acceptable(obs, max(target, floor), space):
             return ACCEPT
-        if self.clock.time(obs) > self.patience:
+        if t > self.patience:
             return WALK_AWAY
         return offer_action(space, self.offer_at_least(space, target, floor))
