@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from nego.scenarios.issues import InvalidValueError, Issue
+from nego.scenarios.preferences import pair_scorer
 from nego.scenarios.scenario import Role, Scenario
 
 from .types import (
@@ -175,8 +176,7 @@ class _Game:
         self.on_turn = on_turn
         self.max_message_chars = max_message_chars
         self.views = {Role.SELLER: scenario.view_for(Role.SELLER), Role.BUYER: scenario.view_for(Role.BUYER)}
-        self.u_seller = scenario.seller.scorer(scenario.issues)
-        self.u_buyer = scenario.buyer.scorer(scenario.issues)
+        self.utilities = pair_scorer(scenario.seller, scenario.buyer, scenario.issues)
         self.history: list[PublicMove] = []
         self.turns: list[Turn] = []
         self.standing: Offer | None = None
@@ -212,7 +212,7 @@ class _Game:
         hit = self._scores.get(id(offer))
         if hit is not None:
             return hit[1], hit[2]
-        us, ub = self.u_seller(offer), self.u_buyer(offer)
+        us, ub = self.utilities(offer)
         self._scores[id(offer)] = (offer, us, ub)
         return us, ub
 
@@ -236,7 +236,7 @@ class _Game:
     ) -> NegotiationResult:
         sc = self.scenario
         if agreement is not None:
-            us, ub = self.u_seller(agreement), self.u_buyer(agreement)
+            us, ub = self.scores(agreement)
         else:
             us, ub = sc.seller.reservation, sc.buyer.reservation
         outcome = Outcome(

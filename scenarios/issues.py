@@ -39,6 +39,11 @@ class Issue:
     unit: str = ""
     description: str = ""
 
+    def __hash__(self) -> int:
+        # the fields that tell issues apart in practice, without the kind's (Python-level) enum hash: equal issues
+        # still hash alike, and the grid caches below look issues up often
+        return hash((self.name, self.low, self.high, self.step, self.options))
+
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
             raise ValueError(f"issue name {self.name!r} must be a non-empty identifier (letters, digits, _)")

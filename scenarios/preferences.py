@@ -25,6 +25,11 @@ class ValueFunction:
     direction: Direction | None = None
     table: tuple[tuple[str, float], ...] = ()
 
+    def __hash__(self) -> int:
+        # str's hash of the direction (a StrEnum) instead of the enum's Python-level one; equal functions still
+        # hash alike
+        return hash((self.table, 0 if self.direction is None else str.__hash__(self.direction)))
+
     @staticmethod
     def increasing() -> ValueFunction:
         return ValueFunction(direction=Direction.INCREASING)
@@ -140,11 +145,51 @@ class Preferences:
                 if v is None:
                     v = fn(by_name[name], value)
                 u += weight * v
-            u = u if u > 0.0 else 0.0  # min(1, max(0, u)), NaN to 0 as there
-            return u if u < 1.0 else 1.0
+            return _clamp(u)
 
         return utility
 
     def grid_utilities(self, issues: tuple[Issue, ...]) -> list[np.ndarray]:
         """Weighted per-issue utility contributions on each issue's grid (sum one entry of each = utility)."""
         return [self.weights[i.name] * self.values[i.name].grid_values(i) for i in issues]
+
+
+def pair_scorer(
+    first: Preferences, second: Preferences, issues: tuple[Issue, ...]
+) -> Callable[[Mapping[str, Value]], tuple[float, float]]:
+    """Both sides' utilities of an offer in one pass over its values: the same floats as each side's
+    :meth:`Preferences.scorer` (each sum in the same order), each value looked up once."""
+    terms = [
+        (
+            issue,
+            first.weights[issue.name],
+            _grid_table(first.values[issue.name], issue),
+            first.values[issue.name],
+            second.weights[issue.name],
+            _grid_table(second.values[issue.name], issue),
+            second.values[issue.name],
+        )
+        for issue in issues
+    ]
+
+    def utilities(offer: Mapping[str, Value]) -> tuple[float, float]:
+        u1 = u2 = 0.0
+        for issue, w1, grid1, fn1, w2, grid2, fn2 in terms:
+            value = offer[issue.name]
+            v1 = grid1.get(value)
+            if v1 is None:
+                v1 = fn1(issue, value)
+            v2 = grid2.get(value)
+            if v2 is None:
+                v2 = fn2(issue, value)
+            u1 += w1 * v1
+            u2 += w2 * v2
+        return _clamp(u1), _clamp(u2)
+
+    return utilities
+
+
+def _clamp(u: float) -> float:
+    """min(1, max(0, u)), NaN to 0 as there."""
+    u = u if u > 0.0 else 0.0
+    return u if u < 1.0 else 1.0

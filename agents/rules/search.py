@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from nego.market.types import Offer
@@ -25,6 +26,12 @@ Index = tuple[int, int]
 
 def split_issues(sizes: Sequence[int]) -> tuple[list[int], list[int]]:
     """Positions of the issues in two groups whose grid-size products are as even as a greedy split gets."""
+    left, right = _split(tuple(sizes))
+    return list(left), list(right)
+
+
+@lru_cache(maxsize=1024)
+def _split(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     left: list[int] = []
     right: list[int] = []
     pl = pr = 1
@@ -35,13 +42,15 @@ def split_issues(sizes: Sequence[int]) -> tuple[list[int], list[int]]:
         else:
             right.append(pos)
             pr *= sizes[pos]
-    return sorted(left), sorted(right)
+    return tuple(sorted(left)), tuple(sorted(right))
 
 
 def _group_sums(contribs: Sequence[np.ndarray], group: Sequence[int]) -> np.ndarray:
     """Sum of per-issue contributions over every combination of the group's grid points (C order)."""
-    total = np.zeros(1)
-    for pos in group:
+    if not group:
+        return np.zeros(1)
+    total = contribs[group[0]]  # 0.0 + x is x: the same sums as starting from zero
+    for pos in group[1:]:
         total = np.add.outer(total, contribs[pos]).ravel()
     return total
 
@@ -65,7 +74,7 @@ class OutcomeSpace:
         self.issues = issues
         grids = [issue.grid() for issue in issues]
         names = [issue.name for issue in issues]
-        self._left, self._right = split_issues([len(g) for g in grids])
+        self._left, self._right = _split(tuple(len(g) for g in grids))
         contribs = preferences.grid_utilities(issues)
         self._a = _group_sums(contribs, self._left)
         b = _group_sums(contribs, self._right)
@@ -76,10 +85,11 @@ class OutcomeSpace:
         self._names = names
         self._grids = grids
         self._score = preferences.scorer(issues)
+        self._seen: dict[int, tuple[Offer, float]] = {}
         ia, ib = int(np.argmax(self._a)), int(np.argmax(b))
         self.best_index: Index = (ia, ib)
         self.best = float(self._a[ia] + b[ib])
-        self.worst = float(self._a.min() + b.min())
+        self.worst = float(self._a.min() + self._bs[0])
         self._floor_cache: tuple[float, np.ndarray, np.ndarray] | None = None
         self._offers: dict[Index, Offer] = {}
         self._grid_valid = all(issue.grid_is_valid() for issue in issues)
@@ -115,7 +125,14 @@ class OutcomeSpace:
     def utility_of(self, offer: Mapping[str, Value]) -> float:
         """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (its scorer: same terms,
         same order)."""
-        return self._score(offer)
+        if type(offer) is not Offer:
+            return self._score(offer)
+        seen = self._seen.get(id(offer))
+        if seen is not None:
+            return seen[1]
+        u = self._score(offer)
+        self._seen[id(offer)] = (offer, u)  # keeps the offer alive, so its id is not reused meanwhile
+        return u
 
     def candidates(self, target: float) -> Candidates:
         """Per left index, the cheapest right partner whose total reaches ``target`` (left indices without one are

@@ -101,3 +101,24 @@ async def test_the_other_side_sees_a_long_message_cut_and_the_transcript_keeps_i
     else:
         assert shown.startswith(message[:cap]) and f"[{len(message) - cap} more characters not shown]" in shown
         assert len(shown) < cap + 50
+
+
+def test_offers_known_valid_skip_the_check_only_for_their_issues():
+    """An offer built from validated grids is taken for those issues as it is; for another issues tuple, or built
+    as a plain offer, its values are checked."""
+    from nego.market.protocol import check_offer
+    from nego.market.types import Offer
+
+    sc = make_widget_scenario()
+    values = {issue.name: issue.grid()[0] for issue in sc.issues}
+    good = Offer.known_valid(dict(values), sc.issues)
+    assert check_offer(sc, good) == (good, None)
+    name = sc.issues[0].name
+    bad_values = {**values, name: "not a value"}
+    assert check_offer(sc, Offer(bad_values))[1] is not None
+    other = type(sc)(**{**{f: getattr(sc, f) for f in sc.__dataclass_fields__}, "issues": tuple(list(sc.issues))})
+    assert other.issues is not sc.issues
+    assert check_offer(other, Offer.known_valid(dict(bad_values), sc.issues))[1] is not None
+    checked = Offer(values)
+    assert check_offer(sc, checked) == (checked, None)
+    assert check_offer(sc, checked) == (checked, None)
