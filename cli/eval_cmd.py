@@ -76,12 +76,19 @@ def _interval(mean: float | None, low: float | None, high: float | None, signed:
     return format_interval(mean, low, high, signed).replace(", ", ",")
 
 
-def eval_(**values: Any) -> None:
+def eval_(
+    shards: int | None = None, launcher: str | None = None, launcher_config: Path | None = None, **values: Any
+) -> None:
     """Evaluate seller arms on a frozen suite against held-out buyers, with paired statistics."""
+    from nego.evaluation.config import shard_config
     from nego.evaluation.runner import evaluate
+    from nego.evaluation.shards import ShardsFailed, evaluate_sharded
+    from rich.markup import escape
 
     console = _console()
+    sharded = shards is not None or launcher is not None or launcher_config is not None
     try:
+        sharding = shard_config(shards, launcher, launcher_config)
         model, per_kind = take_model_options(values)
         given = given_values(EVAL_OPTIONS, values)
         given.setdefault("out", Path("runs") / "eval" / Path(given.get("suite", _SUITE_DEFAULT)).stem)
@@ -91,10 +98,18 @@ def eval_(**values: Any) -> None:
         set_threads(config.threads)
         from nego.agents.registry import resolve
 
-        # a partial, not a lambda: worker processes (--workers) rebuild the factories from it
-        result = evaluate(config, factories=functools.partial(resolve, settings=settings))
+        # a partial, not a lambda: worker processes (--workers) and shard jobs rebuild the factories from it
+        factories = functools.partial(resolve, settings=settings)
+        if sharding is None:
+            result = evaluate(config, factories=factories)
+        else:
+            echo = functools.partial(console.print, highlight=False, markup=False)
+            result = evaluate_sharded(config, sharding, factories, echo=echo)
+    except ShardsFailed as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(1) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e)) if sharded else e}")  # messages name the [launcher] table
         raise typer.Exit(2) from None
     s = result.suite
     title = (
@@ -131,7 +146,36 @@ def _latest_attempts(out: Path, metrics: Any) -> Any:
 
 EVAL_OPTIONS = config_options(EvalConfig, optional=("out",))
 _SUITE_DEFAULT = next(f.default for f in fields(EvalConfig) if f.name == "suite")
-eval_.__signature__ = signature(parameters(EVAL_OPTIONS), model_parameters())  # type: ignore[attr-defined]
+
+
+def _shard_parameters() -> list[inspect.Parameter]:
+    """``--shards``, ``--launcher`` and ``--launcher-config`` of ``nego eval``."""
+    options = {
+        "shards": (
+            int | None,
+            "Split the run into K launcher jobs (--launcher) that play every K-th negotiation into OUT/shards/, "
+            "then merge them into OUT: the same transcripts and statistics as without --shards.",
+        ),
+        "launcher": (str | None, "Where the shard jobs run: submitit-local, submitit-debug or slurm."),
+        "launcher_config": (
+            Path | None,
+            "TOML file whose launcher table holds the SLURM settings (the keys of a sweep file's sweep.launcher).",
+        ),
+    }
+    return [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--" + name.replace("_", "-"), help=text),
+            annotation=annotation,
+        )
+        for name, (annotation, text) in options.items()
+    ]
+
+
+eval_.__signature__ = signature(  # type: ignore[attr-defined]
+    parameters(EVAL_OPTIONS), model_parameters(), _shard_parameters()
+)
 
 
 def report(directory: Annotated[Path, typer.Argument(help="An evaluation run directory (from nego eval).")]) -> None:

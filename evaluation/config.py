@@ -10,7 +10,7 @@ import math
 import tomllib
 import typing
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,20 +183,18 @@ _TOML_KEYS = {"train_args": "train"}
 _LAUNCHER_KEYS = {f.name for f in fields(LauncherConfig)}
 
 
-def load_launcher_config(table: Any, where: str, base: Path) -> LauncherConfig:
-    """A ``[sweep.launcher]`` table as a :class:`LauncherConfig`; a relative ``folder`` is taken from ``base``.
-    Errors name ``where`` (the file) and the key."""
+def load_launcher_config(table: Any, where: str, base: Path, name: str = "sweep.launcher") -> LauncherConfig:
+    """A launcher table (``[sweep.launcher]`` of a sweep file) as a :class:`LauncherConfig`; a relative ``folder`` is
+    taken from ``base``. Errors name ``where`` (the file), the table ``name`` and the key."""
     if not isinstance(table, dict):
-        raise ValueError(f"{where}: [sweep.launcher] must be a table, got {table!r}")
+        raise ValueError(f"{where}: [{name}] must be a table, got {table!r}")
     unknown = set(table) - _LAUNCHER_KEYS
     if unknown:
-        raise ValueError(
-            f"{where}: unknown key(s) in [sweep.launcher]: {sorted(unknown)}; allowed: {sorted(_LAUNCHER_KEYS)}"
-        )
+        raise ValueError(f"{where}: unknown key(s) in [{name}]: {sorted(unknown)}; allowed: {sorted(_LAUNCHER_KEYS)}")
     values = dict(table)
     if "folder" in values:
         if not isinstance(values["folder"], str) or not values["folder"]:
-            raise ValueError(f"{where}: [sweep.launcher] folder must be a path, got {values['folder']!r}")
+            raise ValueError(f"{where}: [{name}] folder must be a path, got {values['folder']!r}")
         values["folder"] = base / Path(values["folder"]).expanduser()
     if "setup" in values:
         setup = values["setup"]
@@ -204,7 +202,50 @@ def load_launcher_config(table: Any, where: str, base: Path) -> LauncherConfig:
     try:
         return LauncherConfig(**values)
     except ValueError as e:
-        raise ValueError(f"{where}: bad value in [sweep.launcher]: {e}") from e
+        raise ValueError(f"{where}: bad value in [{name}]: {e}") from e
+
+
+def load_launcher_file(path: Path) -> LauncherConfig:
+    """The ``[launcher]`` table of a TOML file (the keys of ``[sweep.launcher]``); a relative ``folder`` is relative
+    to the file's folder."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: cannot read launcher config: {e}") from e
+    if "launcher" not in data:
+        raise ValueError(f"{path}: needs a [launcher] table (kind, partition, gpus_per_node, ...)")
+    return load_launcher_config(data["launcher"], str(path), Path(path).parent, name="launcher")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    """An evaluation split into ``count`` launcher jobs (``nego eval --shards K --launcher KIND``)."""
+
+    count: int
+    launcher: LauncherConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"--shards must be an integer >= 1, got {self.count!r}")
+        if self.launcher.kind == "local":
+            kinds = ", ".join(k for k in LAUNCHER_KINDS if k != "local")
+            raise ValueError(
+                f"--shards needs a launcher that submits jobs: --launcher {kinds} (or kind in the [launcher] table of "
+                "--launcher-config); launcher 'local' runs in this process, which is nego eval without --shards"
+            )
+
+
+def shard_config(shards: int | None, kind: str | None, launcher_file: Path | None) -> ShardConfig | None:
+    """The sharding that ``--shards``, ``--launcher`` and ``--launcher-config`` ask for (``--launcher`` overrides the
+    file's kind); None without ``--shards``, where the other two are refused."""
+    if shards is None:
+        if kind is not None or launcher_file is not None:
+            raise ValueError("--launcher and --launcher-config go with --shards K (the jobs the run is split into)")
+        return None
+    launcher = load_launcher_file(launcher_file) if launcher_file is not None else LauncherConfig()
+    if kind is not None:
+        launcher = replace(launcher, kind=kind)
+    return ShardConfig(shards, launcher)
 
 
 def load_sweep_config(path: Path, overrides: Mapping[str, Any] | None = None) -> SweepConfig:

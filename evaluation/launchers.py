@@ -1,9 +1,10 @@
-"""Cell jobs through submitit: one SLURM job per cell (a job array per submission), local subprocesses, or the
-in-process debug executor.
+"""Jobs through submitit (sweep cells, evaluation shards): one SLURM job each (a job array per submission), local
+subprocesses, or the in-process debug executor.
 
 submitit is imported here only, and only when a launcher is used (``pip install 'nego[cluster]'``). This module
 submits, tells whether a job recorded earlier is still queued or running, and waits; what a job did is read from
-the cell directory it wrote, not from its pickled return value.
+the directory it wrote (its results, the ``error.log`` of a failed attempt, the lock a live job holds) and from its
+log, not from its pickled return value.
 """
 
 from __future__ import annotations
@@ -12,14 +13,19 @@ import json
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nego.market.locks import RUN_LOCK, DirectoryBusy, exclusive_run
+
 from .config import LauncherConfig
 
 JOB_RECORD = "job.json"
+ERROR_LOG = "error.log"
+"""What a failed attempt of a job leaves in its directory: the exception on the first line, then the traceback."""
 OUTLIVES_PARENT = frozenset({"submitit-local", "slurm"})
 """Launchers whose jobs go on when the submitting process exits (the only ones ``--no-wait`` makes sense with)."""
 _CLUSTERS = {"submitit-local": "local", "submitit-debug": "debug", "slurm": "slurm"}
@@ -185,3 +191,41 @@ def _process_alive(record: JobRecord) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def write_error_log(directory: Path, error: BaseException) -> None:
+    """Leave :data:`ERROR_LOG` in ``directory`` for ``error`` (call it while handling it: the traceback is its)."""
+    summary = "".join(traceback.format_exception_only(error)).strip().replace("\n", " ")
+    tmp = directory / f"{ERROR_LOG}.tmp"
+    tmp.write_text(f"{summary}\n\n{traceback.format_exc()}")
+    tmp.replace(directory / ERROR_LOG)
+
+
+def error_summary(directory: Path) -> str | None:
+    """The first line of the directory's ``error.log`` (the exception), or None when its last attempt left none."""
+    path = directory / ERROR_LOG
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    return lines[0] if lines else "failed (empty error.log)"
+
+
+def holder(directory: Path) -> str | None:
+    """Who holds ``directory`` now (a live job working in it), or None when nobody does."""
+    if not directory.is_dir():
+        return None
+    try:
+        with exclusive_run(directory, "a check whether a job holds the directory"):
+            return None
+    except DirectoryBusy:
+        text = (directory / RUN_LOCK).read_text().strip() if (directory / RUN_LOCK).is_file() else ""
+        return text or "another process"
+
+
+def last_line(log: str) -> str:
+    """': LINE' for the last non-blank line of the log file ``log`` (cut at 300 characters), '' without one."""
+    try:
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()[:300]}" if lines else ""

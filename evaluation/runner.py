@@ -75,9 +75,33 @@ def plan(suite: Suite, sellers: Sequence[str], buyers: Sequence[str], diagnostic
     return out
 
 
-def _write_manifest(
-    config: EvalConfig, suite: Suite, overlap: dict[str, list[str]], references: Sequence[str] = ()
-) -> None:
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What one evaluation plays: its suite, the specs played as reference sellers, every planned job (arms first,
+    then the references that are not arms), and the arms trained against a family it holds out."""
+
+    suite: Suite
+    references: tuple[str, ...]
+    jobs: tuple[PlannedJob, ...]
+    overlap: dict[str, list[str]]
+
+
+def plan_run(config: EvalConfig, factories: FactorySource) -> RunPlan:
+    """The plan of ``config`` (logging a warning for each arm that is not held out)."""
+    suite = load_suite(config.suite)
+    references = references_to_play(config.sellers, config.baselines, factories)
+    sellers = (*config.sellers, *(r for r in references if r not in config.sellers))
+    jobs = plan(suite, sellers, config.buyers, config.diagnostic)
+    overlap = trained_against(config.sellers, [*config.buyers, *([config.diagnostic] if config.diagnostic else [])])
+    for line in warning_lines(overlap):
+        logger.warning("%s", line)
+    return RunPlan(suite, references, tuple(jobs), overlap)
+
+
+def write_manifest(config: EvalConfig, run: RunPlan) -> None:
+    """``run.json`` of ``config.out``; a directory that holds a run on another suite, or one that played model agents
+    otherwise, is refused (ValueError) before anything is written."""
+    suite, overlap, references = run.suite, run.overlap, run.references
     path = config.out / "run.json"
     manifest = {
         "suite": suite.name,
@@ -354,29 +378,36 @@ class EvalResult:
     """The specs played as reference sellers (an arm's own spec where a baseline is one of the arms)."""
 
 
+def summarize(config: EvalConfig, run: RunPlan, factories: FactorySource, played: int) -> EvalResult:
+    """Metrics and comparisons of a run whose transcripts in ``config.out`` hold every planned negotiation, written
+    there (``metrics.parquet``, ``gaps.parquet``, ``comparisons.parquet``; the caller holds the directory).
+    ``played`` is what the result reports as played now."""
+    metrics = metrics_table(config, run.suite, run.jobs, factories)
+    comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
+    comparisons = with_references(comparisons, metrics, run.references, resamples=config.resamples, seed=config.seed)
+    comparisons.write_parquet(config.out / "comparisons.parquet")
+    return EvalResult(run.suite, metrics, comparisons, played, run.overlap, run.references)
+
+
+def warn_of_errors(result: EvalResult) -> None:
+    """Log how many negotiations ended in an error (left out of the comparisons), if any did."""
+    errors = int(result.metrics["error"].sum())
+    if errors:
+        logger.warning(
+            "%d negotiation(s) ended in an error and are left out of the comparisons; rerun to retry", errors
+        )
+
+
 def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> EvalResult:
     """Run (or resume) an evaluation and write its metrics and comparisons into ``config.out``."""
     if factories is None:
         from nego.agents.registry import resolve
 
         factories = resolve
-    suite = load_suite(config.suite)
-    references = references_to_play(config.sellers, config.baselines, factories)
-    sellers = (*config.sellers, *(r for r in references if r not in config.sellers))
-    jobs = plan(suite, sellers, config.buyers, config.diagnostic)
-    overlap = trained_against(config.sellers, [*config.buyers, *([config.diagnostic] if config.diagnostic else [])])
-    for line in warning_lines(overlap):
-        logger.warning("%s", line)
+    run = plan_run(config, factories)
     with exclusive_run(config.out, f"nego eval --out {config.out}"):
-        _write_manifest(config, suite, overlap, references)
-        played = asyncio.run(play(config, factories, jobs))
-        metrics = metrics_table(config, suite, jobs, factories)
-        comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
-        comparisons = with_references(comparisons, metrics, references, resamples=config.resamples, seed=config.seed)
-        comparisons.write_parquet(config.out / "comparisons.parquet")
-    errors = int(metrics["error"].sum())
-    if errors:
-        logger.warning(
-            "%d negotiation(s) ended in an error and are left out of the comparisons; rerun to retry", errors
-        )
-    return EvalResult(suite, metrics, comparisons, played, overlap, references)
+        write_manifest(config, run)
+        played = asyncio.run(play(config, factories, run.jobs))
+        result = summarize(config, run, factories, played)
+    warn_of_errors(result)
+    return result

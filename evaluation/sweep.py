@@ -30,9 +30,7 @@ from .sweep_cell import (
     TrainFn,
     cell_directory,
     cell_settings,
-    error_summary,
     finished_rows,
-    holder,
     run_cell,
     run_cell_job,
     trained_before,
@@ -116,7 +114,7 @@ def run_sweep(
                 try:
                     run_cell(cell, config, train_fn, factories, echo)
                 except Exception:
-                    if error_summary(cell_directory(config, cell)) is not None:
+                    if launchers.error_summary(cell_directory(config, cell)) is not None:
                         echo(f"{cell.name}: failed (traceback: {cell_directory(config, cell) / ERROR_LOG})")
                     raise
         elif todo:
@@ -146,7 +144,7 @@ def _survey(
     todo, active = [], []
     for cell, record, live in zip(unfinished, records, launchers.still_active(records), strict=True):
         directory = cell_directory(config, cell)
-        who = holder(directory)
+        who = launchers.holder(directory)
         if who is not None:
             active.append(CellReport(cell.name, f"running: {who}", record.stdout if record else None))
             continue
@@ -157,7 +155,7 @@ def _survey(
             echo(
                 f"{cell.name}: cannot tell whether {record.kind} job {record.job_id} is still queued; running it again"
             )
-        summary = error_summary(directory)
+        summary = launchers.error_summary(directory)
         if summary is not None:
             echo(f"{cell.name}: failed before ({summary}); running it again")
         todo.append(cell)
@@ -204,21 +202,15 @@ def _ended(
     if finished_rows(directory, settings) is not None:
         return None
     record = submitted.record
-    summary = error_summary(directory)
+    summary = launchers.error_summary(directory)
     if summary is not None:
         return CellReport(cell.name, f"{summary} (traceback: {directory / ERROR_LOG})", record.stderr)
     state = launchers.job_state(submitted.job)
     return CellReport(
-        cell.name, f"the job ended without finishing the cell (state {state}){_last_line(record.stderr)}", record.stderr
+        cell.name,
+        f"the job ended without finishing the cell (state {state}){launchers.last_line(record.stderr)}",
+        record.stderr,
     )
-
-
-def _last_line(log: str) -> str:
-    try:
-        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return f": {lines[-1].strip()[:300]}" if lines else ""
 
 
 def _write_study(study: pl.DataFrame, config: SweepConfig) -> pl.DataFrame:

@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from nego.market.locks import RUN_LOCK, DirectoryBusy, exclusive_run
+from nego.market.locks import DirectoryBusy, exclusive_run
 from nego.market.marketplace import FactorySource
 
 from .config import EvalConfig, SweepConfig
+from .launchers import ERROR_LOG, write_error_log
 from .runner import evaluate
 from .suites import load_suite
 
 ROWS = "rows.parquet"
 DONE = "done.json"
-ERROR_LOG = "error.log"
 TRAIN_MARKER = "train.json"
 
 
@@ -110,27 +110,6 @@ def finished_rows(directory: Path, settings: dict[str, Any]) -> pl.DataFrame | N
     return pl.read_parquet(rows)
 
 
-def error_summary(directory: Path) -> str | None:
-    """The first line of the cell's ``error.log`` (the exception), or None when its last attempt left none."""
-    path = directory / ERROR_LOG
-    if not path.is_file():
-        return None
-    lines = path.read_text().splitlines()
-    return lines[0] if lines else "failed (empty error.log)"
-
-
-def holder(directory: Path) -> str | None:
-    """Who holds the cell directory now (a live job working on it), or None when nobody does."""
-    if not directory.is_dir():
-        return None
-    try:
-        with exclusive_run(directory, "nego sweep (checking the cell)"):
-            return None
-    except DirectoryBusy:
-        text = (directory / RUN_LOCK).read_text().strip() if (directory / RUN_LOCK).is_file() else ""
-        return text or "another process"
-
-
 def _train(cell: Cell, directory: Path, config: SweepConfig, train_fn: TrainFn, echo) -> TrainedArms:
     settings = json.loads(json.dumps(dict(config.train_args)))  # as it reads back from the marker
     arms = trained_before(directory, settings)
@@ -189,8 +168,7 @@ def run_cell(
             arms = _train(cell, directory, config, train_fn, echo)
             rows = _evaluate(cell, directory, arms, config, factories, echo)
         except Exception as e:
-            summary = "".join(traceback.format_exception_only(e)).strip().replace("\n", " ")
-            _write_atomic(directory / ERROR_LOG, f"{summary}\n\n{traceback.format_exc()}")
+            write_error_log(directory, e)
             raise
         tmp = directory / f"{ROWS}.tmp"
         rows.write_parquet(tmp)

@@ -9,7 +9,9 @@ holds it), in one scan over the parts, and keeps the index up to date as it writ
 done?" in O(1) per job and reads back only the parts that hold the results it needs. Opening and reading take time
 linear in the parts. The writer keeps their count bounded by merging runs of parts of one size into one part that
 covers their numbers (:mod:`.transcript_parts` names the files and chooses the merges; a kill at any point of a
-merge leaves every row in place exactly once after the next open). What a row holds is :mod:`.transcript_rows`.
+merge leaves every row in place exactly once after the next open). :meth:`TranscriptWriter.copy_from` brings in the
+attempts another directory holds, as one part (a sharded evaluation merges its shards that way). What a row holds is
+:mod:`.transcript_rows`.
 """
 
 from __future__ import annotations
@@ -313,6 +315,41 @@ class TranscriptWriter:
         if removed:
             logger.warning("transcripts in %s: removed %d negotiation(s) %s", self.directory, removed, why)
         return removed
+
+    def copy_from(self, source: str | os.PathLike[str], ids: Iterable[str] | None = None) -> int:
+        """Copy in the attempts that the transcripts in ``source`` hold and this directory lacks (a negotiations row
+        with its turns; attempts are told apart by negotiation id and attempt number), only those of ``ids`` if given;
+        returns how many negotiations rows came in. They are written as one part, in (negotiation id, attempt) order,
+        so a copy interrupted at any point leaves all of them or none after the next open, and copying again adds
+        nothing. ``source`` is read as any reader reads it; nothing there changes."""
+        self.flush()
+        keys = ["negotiation_id", "attempt"]
+        wanted = None if ids is None else pl.Series(list(ids), dtype=pl.String)
+
+        def source_negotiations(parts: Visible) -> pl.LazyFrame:
+            frame = _scan(parts.negotiations.values(), NEGOTIATIONS_SCHEMA)
+            return (frame if wanted is None else frame.filter(pl.col("negotiation_id").is_in(wanted))).sort(keys)
+
+        incoming = _read(source, source_negotiations)
+        with self._lock():
+            present = _scan(visible(self.directory).negotiations.values(), NEGOTIATIONS_SCHEMA).select(keys)
+            fresh = incoming.join(present.collect(), on=keys, how="anti", maintain_order="left")
+            if fresh.is_empty():
+                return 0
+
+            def source_turns(parts: Visible) -> pl.LazyFrame:
+                frame = _scan(parts.turns.values(), TURNS_SCHEMA)
+                return frame.join(fresh.lazy().select(keys), on=keys, how="semi").sort([*keys, "index"])
+
+            turns = _read(source, source_turns)
+            number = last_number(self.directory) + 1
+            name = Span(number, number).name
+            self._write(turns, "turns", name)
+            self._write(fresh, "negotiations", name)
+            self.written += fresh.height
+            self._compact()
+            self._index = self._read_index()
+        return fresh.height
 
     def close(self) -> None:
         self.flush()

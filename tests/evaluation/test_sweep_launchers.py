@@ -24,7 +24,6 @@ from nego.evaluation.sweep_cell import ERROR_LOG, cell_directory
 from .fake_training import (
     failing_at_3e4,
     gated_training,
-    importable_root,
     killed_at_3e4,
     rule_training,
     training_runs,
@@ -44,14 +43,6 @@ def _config(out: Path, suite: Path, kind: str, **launcher) -> SweepConfig:
         train_args=launcher.pop("train_args", {}),
         launcher=LauncherConfig(kind=kind, timeout_min=5, **launcher),
     )
-
-
-@pytest.fixture
-def submitit_jobs(monkeypatch):
-    """submitit installed, and its subprocesses importing nego and the fake training as this process does."""
-    pytest.importorskip("submitit")
-    paths = [importable_root(), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
 
 
 def _wait_until_ended(records: list[JobRecord]) -> None:
