@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
+from typing import TypeVar
 
 from nego.scenarios.issues import Value
 from nego.scenarios.scenario import Role, ScenarioView
+
+T = TypeVar("T")
+
+
+def _quick_init(cls: type[T]) -> type[T]:
+    """Give a frozen slots dataclass an ``__init__`` that fills each slot through its descriptor: the same signature
+    and the same object, made about twice as fast (the protocol makes several of these per turn). The instances stay
+    frozen: only ``__init__`` bypasses the class's ``__setattr__``."""
+    params, body, namespace = [], [], {}
+    for f in fields(cls):
+        if f.default_factory is not MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: a default factory needs the generated __init__")
+        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
 
 
 class Offer(Mapping[str, Value]):
@@ -88,6 +113,7 @@ class Usage:
         )
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class Action:
     """One move. ``offer`` is set only for OFFER; ``message`` is free text shown to the other side;
@@ -117,6 +143,7 @@ class Action:
         return Action(ActionKind.INVALID, raw=raw, error=error, usage=usage)
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class PublicMove:
     """A move as both sides see it: who, in which round, what kind, the offer and the message."""
@@ -128,6 +155,7 @@ class PublicMove:
     message: str = ""
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class Observation:
     """What one side sees when it must act. Built by the protocol from :meth:`Scenario.view_for` only."""
@@ -154,6 +182,7 @@ class Observation:
         return not self.round < self.scenario.max_rounds
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One attempted move as recorded in a transcript (invalid attempts included)."""
