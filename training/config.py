@@ -29,6 +29,8 @@ GEMMA_SIZES: dict[str, str] = {
     "31b": "google/gemma-4-31B-it",
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
+SFT_PICKS = ("mixture", "best")
+"""How the warm start picks the rule-seller episodes it imitates (see :func:`nego.training.sft.record_transcripts`)."""
 # A market of buyers that end negotiations in different ways, parameters drawn per negotiation: time-dependent
 # buyers that may run out of patience at a round the seller cannot see or hold out above their reservation,
 # tit-for-tat, and four families that make stalling cost the seller (a reciprocating buyer that hardens when the
@@ -111,6 +113,11 @@ class TrainConfig:
         default_factory=lambda: ["timedep:e=0.3", "timedep:e=1", "timedep:e=3"],
         metadata={"help": "rule-based sellers imitated in the warm start"},
     )
+    sft_pick: str = _f(
+        "mixture",
+        "which rule-seller episodes the warm start imitates: 'mixture' (each episode by one of sft_sellers, drawn) "
+        "or 'best' (every seller plays each episode; the one with the highest seller utility is kept)",
+    )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
     threads: int = _f(0, THREADS_HELP)
     time_budget_min: float = _f(
@@ -181,6 +188,7 @@ class TrainConfig:
             (self.sft_steps >= 0 and self.sft_episodes >= 1, "sft_steps must be >= 0 and sft_episodes >= 1"),
             (self.sft_lr > 0 and self.sft_batch >= 1, "sft_lr must be > 0 and sft_batch >= 1"),
             (bool(self.sft_sellers), "sft_sellers must name at least one rule-based seller"),
+            (self.sft_pick in SFT_PICKS, f"sft_pick must be one of {', '.join(SFT_PICKS)}, got {self.sft_pick!r}"),
             (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
         ]
         for ok, msg in checks:

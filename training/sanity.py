@@ -133,7 +133,7 @@ def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
     model = build_tiny_model(tok, seed=cfg.seed)
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS)
     pool = BuyerPool(tuple(cfg.train_buyers)).rules()
-    traces = record_transcripts(scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed)
+    traces = record_transcripts(scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed, pick=cfg.sft_pick)
     r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
     return model, tok, r.final_loss
 

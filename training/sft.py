@@ -68,21 +68,37 @@ def record_transcripts(
     pool: BuyerPool,
     seed: int,
     writer: TranscriptWriter | None = None,
+    pick: str = "mixture",
 ) -> list[CompactTrace]:
     """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``, played by
-    the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given)."""
+    the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given).
+
+    ``pick="mixture"``: each episode is played by one seller drawn from ``sellers``. ``pick="best"``: every seller
+    plays each episode (the same scenario, buyer and seed), and the episode of the one whose seller utility is highest
+    is kept (the first listed among equals): the imitated policy is the best of the rules for that negotiation."""
     rng = np.random.default_rng([seed, 1])
     canonical = {s: resolve(s).spec for s in sellers}
+    specs = list(canonical.values())
     jobs = []
     for i in range(n):
-        seller = canonical[sellers[int(rng.integers(len(sellers)))]]
+        drawn = specs[int(rng.integers(len(specs)))]
         buyer = pool.draw(rng)
         job_seed = int(rng.integers(2**31))
         sc = scenarios[i % len(scenarios)]
-        jobs.append(Job(sc, seller, buyer, job_seed, f"warm-{i:06d}", "warm-start", WARM_START_ARM))
-    with EpisodeRunner({s: RecordingFactory(s) for s in canonical.values()}, writer=writer) as runner:
+        for k, seller in enumerate(specs if pick == "best" else [drawn]):
+            suffix = f"-{k}" if pick == "best" else ""
+            jobs.append(Job(sc, seller, buyer, job_seed, f"warm-{i:06d}{suffix}", "warm-start", WARM_START_ARM))
+    with EpisodeRunner({s: RecordingFactory(s) for s in specs}, writer=writer) as runner:
         played = runner.play(jobs)
-    return [p.seller_record for p in played]
+    if pick != "best":
+        return [p.seller_record for p in played]
+    k = len(specs)
+    return best_episodes([played[i * k : (i + 1) * k] for i in range(n)])
+
+
+def best_episodes(tries: Sequence[Sequence[Any]]) -> list[CompactTrace]:
+    """Per episode, the recorded trace of the try with the highest seller utility (the first among equals)."""
+    return [max(group, key=lambda p: p.result.outcome.seller_utility).seller_record for group in tries]
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,7 +117,13 @@ def warm_start(
     t0 = time.perf_counter()
     writer = runner.market.writer if runner is not None else None
     traces = record_transcripts(
-        scenarios, cfg.sft_episodes, cfg.sft_sellers, BuyerPool(tuple(cfg.train_buyers)).rules(), cfg.seed, writer
+        scenarios,
+        cfg.sft_episodes,
+        cfg.sft_sellers,
+        BuyerPool(tuple(cfg.train_buyers)).rules(),
+        cfg.seed,
+        writer,
+        cfg.sft_pick,
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:

@@ -84,3 +84,47 @@ def test_passes_by_length_add_up_to_the_gradient_of_one_padded_pass(traces):
     assert runs[0].steps == runs[1].steps == 2
     assert runs[0].first_loss == pytest.approx(runs[1].first_loss, rel=1e-6)
     assert runs[0].final_loss == pytest.approx(runs[1].final_loss, rel=1e-4)
+
+
+def test_best_episodes_keep_the_highest_seller_utility_first_among_equals():
+    from types import SimpleNamespace
+
+    from nego.training.sft import best_episodes
+
+    def played(u, name):
+        return SimpleNamespace(result=SimpleNamespace(outcome=SimpleNamespace(seller_utility=u)), seller_record=name)
+
+    groups = [[played(0.4, "a0"), played(0.7, "b0"), played(0.5, "c0")], [played(0.6, "a1"), played(0.6, "b1")]]
+    assert best_episodes(groups) == ["b0", "a1"]
+
+
+def test_best_pick_plays_every_seller_on_each_episode(tmp_path):
+    """Every seller plays each warm-start episode on the same scenario, buyer and seed, and the choice is seeded."""
+    import polars as pl
+    from nego.market.transcripts import TranscriptWriter, read_negotiations
+    from nego.training.config import TrainConfig
+    from nego.training.pool import BuyerPool
+    from nego.training.rollout import split_scenarios
+    from nego.training.sft import record_transcripts
+
+    cfg = TrainConfig()
+    scenarios = split_scenarios("train", 8, cfg.max_rounds)
+    pool = BuyerPool(tuple(cfg.train_buyers))
+    sellers = ["timedep:e=0.3", "tft", "timedep:e=3"]
+    with TranscriptWriter(tmp_path / "best") as writer:
+        best = record_transcripts(scenarios, 12, sellers, pool, 0, writer, pick="best")
+    again = record_transcripts(scenarios, 12, sellers, pool, 0, pick="best")
+    assert len(best) == 12
+    assert [t.words for t in best] == [t.words for t in again]
+    rows = read_negotiations(tmp_path / "best")
+    assert rows.height == 12 * len(sellers)
+    per_episode = rows.with_columns(pl.col("negotiation_id").str.replace(r"-\d+$", "").alias("episode"))
+    same = per_episode.group_by("episode").agg(
+        pl.col("scenario_id").n_unique().alias("scenarios"),
+        pl.col("buyer").n_unique().alias("buyers"),
+        pl.col("seed").n_unique().alias("seeds"),
+        pl.col("seller").n_unique().alias("sellers"),
+    )
+    assert same.height == 12
+    assert (same["scenarios"] == 1).all() and (same["buyers"] == 1).all() and (same["seeds"] == 1).all()
+    assert (same["sellers"] == len(sellers)).all()
