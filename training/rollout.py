@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,15 @@ def split_scenarios(
     ``openers[i % len(openers)]``, so by default half are opened by the buyer, as in the evaluation suites."""
     if not openers:
         raise ValueError("openers must name at least one role")
+    return list(_split_scenarios(split, n, max_rounds, tuple(Role(o) for o in openers)))
+
+
+@lru_cache(maxsize=8)
+def _split_scenarios(split: str, n: int, max_rounds: int, openers: tuple[Role, ...]) -> tuple[Scenario, ...]:
+    """Generated once per arguments in a process (a training run asks for its split more than once; scenarios are
+    immutable, so the copies can be shared)."""
     scenarios = generate_scenarios(n, SPLIT_SEEDS[split], max_rounds=max_rounds)
-    return [s.with_opener(openers[i % len(openers)]) for i, s in enumerate(scenarios)]
+    return tuple(s.with_opener(openers[i % len(openers)]) for i, s in enumerate(scenarios))
 
 
 def step_jobs(
