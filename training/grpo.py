@@ -178,6 +178,7 @@ def build_trainer(
         callbacks=[step_monitor(log, step_end, on_row)],
         reward_func=reward_func,
         peft_config=lora_config(cfg.lora_rank) if cfg.finetune == "lora" else None,
+        pack=cfg.pack,
     )
     return TrainerParts(trainer, rollout, log, state)
 

@@ -275,6 +275,7 @@ class GRPOLearner:
             prompts=[f"group-{i}" for i in range(self.cfg.scenarios_per_step)],
             rollout_func=served,
             callbacks=[step_monitor(self.log, save_at_day_end, context=context)],
+            pack=self.cfg.pack,
         )
         resume = str(self.directory / "checkpoints" / self._checkpoint) if self._checkpoint else None
         trainer.train(resume_from_checkpoint=resume)

@@ -29,14 +29,3 @@ class EpochSeeded:
 
     def __len__(self) -> int:
         return len(self.inner)
-
-
-def grpo_trainer_class() -> type:
-    """TRL's GRPOTrainer with :class:`EpochSeeded` prompt order (TRL is imported here, when a trainer is built)."""
-    from trl import GRPOTrainer
-
-    class MarketGRPOTrainer(GRPOTrainer):
-        def _get_train_sampler(self, dataset: Any = None) -> Any:
-            return EpochSeeded(super()._get_train_sampler(dataset), self.args.seed)
-
-    return MarketGRPOTrainer

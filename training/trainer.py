@@ -1,7 +1,7 @@
-"""The one GRPO trainer assembly: TRL's ``GRPOTrainer`` (with the seeded per-epoch prompt order) wired to a rollout
-function, the reward the runner scored, nego's step log and the caller's step-end rule. ``nego train``
-(:mod:`.grpo`) and the in-market learner (:mod:`.market_learner`) both build theirs here, so they share the TRL
-settings, the callback, the training-log rows and the checkpoint layout."""
+"""The one GRPO trainer assembly: TRL's ``GRPOTrainer`` (with the seeded per-epoch prompt order and the loss read in
+length buckets, :mod:`.market_grpo`) wired to a rollout function, the reward the runner scored, nego's step log and
+the caller's step-end rule. ``nego train`` (:mod:`.grpo`) and the in-market learner (:mod:`.market_learner`) both
+build theirs here, so they share the TRL settings, the callback, the training-log rows and the checkpoint layout."""
 
 from __future__ import annotations
 
@@ -117,13 +117,15 @@ def build_grpo_trainer(
     callbacks: Sequence[Any],
     reward_func: Callable[..., list[float]] = trl_reward,
     peft_config: Any = None,
+    pack: bool = True,
 ) -> Any:
     """A GRPOTrainer over a dataset of ``prompts`` (scenario ids, or the learner's group slots) whose rollouts
-    ``rollout_func`` plays; TRL's own metric printing is off (the step log prints nego's lines)."""
+    ``rollout_func`` plays; TRL's own metric printing is off (the step log prints nego's lines). ``pack`` reads the
+    loss's log-probabilities in length buckets (:mod:`.packing`) instead of TRL's one padded matrix."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
-    from .prompt_order import grpo_trainer_class
+    from .market_grpo import grpo_trainer_class
 
     trainer = grpo_trainer_class()(
         model=model,
@@ -134,6 +136,7 @@ def build_grpo_trainer(
         rollout_func=rollout_func,
         callbacks=list(callbacks),
         peft_config=peft_config,
+        pack=pack,
     )
     trainer.remove_callback(PrinterCallback)
     return trainer
