@@ -14,15 +14,20 @@ The kept path runs the model's own modules (embeddings, norms, projections, rota
 laid out so that a row's column is its token's position: each row's cached keys and values are copied in at their
 positions, new tokens are written at theirs (padding goes to a spare column nobody reads), and a query attends to
 the columns up to its own position. No row sees padding or another row, and positions need no bookkeeping.
+
+A row's tokens do not depend on its batch: its generator is drawn from only for the tokens it chooses, and a choice
+that batch-dependent float rounding could flip is made on the row's logits read alone (:mod:`nego.agents.token_choice`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.nn import functional as F
+
+from ..token_choice import choose
 
 Result = tuple[list[int], list[float]]
 
@@ -30,9 +35,10 @@ Result = tuple[list[int], list[float]]
 def generate_turns(model: Any, batch: Sequence[Any], pad_id: int, stop_id: int) -> list[Result]:
     """Decode every request of ``batch`` until ``stop_id`` or its ``max_new`` tokens; rows with a cache keep it.
 
-    Rows sample with their own generator (so a negotiation's draws do not depend on its batch mates) and report the
-    log-probability of each chosen token under ``softmax(logits / temperature)``, the quantity the GRPO trainer
-    recomputes; greedy rows report it at temperature 1."""
+    Rows sample with their own generator, drawing only for the tokens they choose, and a close choice is made again on
+    the row's logits read alone, so a negotiation's tokens do not depend on its batch mates (see :class:`_Picker`).
+    Each chosen token comes with its log-probability under ``softmax(logits / temperature)``, the quantity the GRPO
+    trainer recomputes; greedy rows report it at temperature 1."""
     with torch.no_grad():
         if any(getattr(r, "cache", None) is not None for r in batch):
             return _generate_kept(model, batch, pad_id, stop_id)
@@ -63,7 +69,7 @@ def _generate_reread(model: Any, batch: Sequence[Any], pad_id: int, stop_id: int
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     device = next(model.parameters()).device
     res = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device), use_cache=True)
-    loop = _Loop(batch, stop_id)
+    loop = _Loop(model, batch, stop_id)
     while True:
         feed = loop.step(res.logits[:, -1, :])
         if feed is None:
@@ -101,7 +107,7 @@ def _generate_kept(model: Any, batch: Sequence[Any], pad_id: int, stop_id: int) 
         pos[row, width - len(f) :] = cols[row, width - len(f) :] = torch.arange(k, k + len(f))
     length = [k + len(f) for k, f in zip(kept, fresh, strict=True)]
     logits = net(ids, pos, cols, kv, max(length))
-    loop = _Loop(batch, stop_id)
+    loop = _Loop(model, batch, stop_id)
     while True:
         feed = loop.step(logits)
         if feed is None:
@@ -187,15 +193,15 @@ class _Loop:
     """The decoding loop's bookkeeping, shared by both ways of reading: picks every row's next token from the last
     logits, records tokens and log-probabilities, and says which token each row feeds next (None once it is done)."""
 
-    def __init__(self, batch: Sequence[Any], stop_id: int) -> None:
-        self.batch, self.stop_id = batch, stop_id
+    def __init__(self, model: Any, batch: Sequence[Any], stop_id: int) -> None:
+        self.model, self.batch, self.stop_id = model, batch, stop_id
         self.pick = _Picker(batch)
         self.out_ids: list[list[int]] = [[] for _ in batch]
         self.out_lp: list[list[float]] = [[] for _ in batch]
         self.done = [False] * len(batch)
 
     def step(self, logits: torch.Tensor) -> list[int | None] | None:
-        toks, logps = self.pick(logits.float().cpu())
+        toks, logps = self.pick(logits.float().cpu(), self.done, self.alone)
         for row, r in enumerate(self.batch):
             if self.done[row]:
                 continue
@@ -206,27 +212,40 @@ class _Loop:
             return None
         return [None if d else t for d, t in zip(self.done, toks, strict=True)]
 
+    def alone(self, row: int) -> torch.Tensor:
+        """The next-token logits of ``row`` read alone by the model's own forward: its context and this turn's tokens
+        so far, in a batch of one, without a cache (a function of the row's tokens only)."""
+        ids = torch.tensor([[*self.batch[row].ids, *self.out_ids[row]]], device=next(self.model.parameters()).device)
+        return self.model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu()
+
     def results(self) -> list[Result]:
         return list(zip(self.out_ids, self.out_lp, strict=True))
 
 
 class _Picker:
-    """Chooses every row's next token at once: greedy rows take the argmax, sampled rows run an exponential race
-    (argmax of p / E, E ~ Exp(1) from the row's own generator: one multinomial draw, so a row's tokens do not
-    depend on its batch mates). Returns the tokens and their log-probabilities under softmax(logits / T)."""
+    """Chooses every row's next token at once by an exponential race (argmax of p / E, E ~ Exp(1) from the row's own
+    generator, drawn only for the tokens the row chooses; E = 1 for a greedy row), close races decided again on the
+    row's logits read alone (:func:`nego.agents.token_choice.choose`), so a row's tokens do not depend on its batch
+    mates. Returns the tokens and their log-probabilities under softmax(logits / T)."""
 
     def __init__(self, batch: Sequence[Any]) -> None:
         self.temps = torch.tensor([[r.temperature or 1.0] for r in batch])
-        self.sampled = [row for row, r in enumerate(batch) if r.temperature is not None]
-        self.generators = [batch[row].generator for row in self.sampled]
+        self.generators = [r.generator if r.temperature is not None else None for r in batch]
 
-    def __call__(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    def __call__(
+        self, logits: torch.Tensor, done: Sequence[bool], alone: Callable[[int], torch.Tensor]
+    ) -> tuple[list[int], list[float]]:
+        noise = torch.ones_like(logits)
+        for row, gen in enumerate(self.generators):
+            if gen is not None and not done[row]:
+                noise[row].exponential_(generator=gen)
         logp = torch.log_softmax(logits / self.temps, -1)
-        toks = logp.argmax(-1)
-        if self.sampled:
-            probs = logp[self.sampled].exp()
-            noise = torch.empty_like(probs)
-            for i, gen in enumerate(self.generators):
-                noise[i].exponential_(generator=gen)
-            toks[self.sampled] = (probs / noise).argmax(-1)
+
+        def lone(row: int) -> torch.Tensor | None:
+            if done[row]:
+                return None
+            logp[row] = torch.log_softmax(alone(row) / self.temps[row], -1)
+            return logp[row].exp() / noise[row]
+
+        toks = choose(logp.exp() / noise, lone)
         return toks.tolist(), logp.gather(1, toks[:, None])[:, 0].tolist()

@@ -223,7 +223,7 @@ class CompactPolicy:
 
     With ``keep_cache`` (the default, on the Qwen2 models ``nego train`` builds) each negotiator keeps the keys and
     values of what the model has read of its episode, so a turn reads only the words added since its last turn;
-    ``keep_cache=False`` re-reads the whole episode every turn (same tokens and log-probabilities up to float
+    ``keep_cache=False`` re-reads the whole episode every turn (the same tokens, log-probabilities equal up to float
     rounding, slower; ``bench/grpo_profile.py --compare`` measures the two)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_context: int | None = None, keep_cache: bool = True) -> None:

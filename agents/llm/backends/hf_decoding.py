@@ -1,4 +1,5 @@
-"""Decoding helpers of the in-process backend: per-row seeded sampling and a store of prompt states for reuse.
+"""Decoding helpers of the in-process backend: per-row seeded sampling that no batch mate can sway, and a store of
+prompt states for reuse.
 
 Neither imports torch at module level: the backend hands them its torch module and tensors.
 """
@@ -9,24 +10,30 @@ import itertools
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from nego.agents.token_choice import choose
 
 
 class RowSampler:
     """Picks each row's next token: greedy for temperature 0, else a draw from the row's own seeded generator; and
-    gives the log-probability of a chosen token under ``softmax(logits / T)`` (``T`` = 1 for greedy rows).
+    gives the log-probability of a chosen token under ``softmax(logits / T)`` (``T`` = 1 for greedy rows). A close
+    choice is made again on the row's logits read alone (:func:`nego.agents.token_choice.choose`), so a row's tokens
+    do not depend on the rows batched with it.
 
-    Also a logits processor for ``generate``: a sampled row's chosen token is the only one left, so the greedy
-    step that follows takes it; the log-probabilities of each step's chosen tokens are kept in ``chosen_logprobs``.
+    Also a logits processor for ``generate``: every row's chosen token is the only one left, so the greedy step that
+    follows takes it; the log-probabilities of each step's chosen tokens are kept in ``chosen_logprobs``, and
+    ``alone(row, input_ids)`` (when set) gives a row's logits read alone from the ids ``generate`` has so far.
     """
 
     def __init__(self, torch: Any, rows: list[tuple[float, int | None]], device: Any) -> None:
         self.torch = torch
         self.first_call_at: float | None = None
         self.chosen_logprobs: list[Any] = []
+        self.alone: Callable[[int, Any], Any | None] | None = None
         self.sampled = [row for row, (t, _) in enumerate(rows) if t > 0]
-        self.temperatures = torch.tensor([[rows[row][0]] for row in self.sampled], device=device)
         self.row_temperatures = torch.tensor([[t if t > 0 else 1.0] for t, _ in rows], device=device)
         self.generators = []
         for row in self.sampled:
@@ -35,21 +42,28 @@ class RowSampler:
             gen.manual_seed(seed if seed is not None else secrets.randbits(63))
             self.generators.append(gen)
 
-    def pick(self, logits: Any) -> Any:
-        """The next token of every row (``logits`` is [rows, vocab])."""
+    def pick(self, logits: Any, alone: Callable[[int], Any | None] | None = None) -> Any:
+        """The next token of every row (``logits`` is [rows, vocab]). A row whose race is close is decided on
+        ``alone(row)``, its logits read alone (None: the row needs no token), which then replace its row of
+        ``logits`` in place, so :meth:`logprobs` reports what decided it."""
         torch = self.torch
-        picked = logits.argmax(dim=-1)
-        if self.sampled:
-            # an exponential race, argmax of p / E with E ~ Exp(1) drawn from the row's generator, is what
-            # torch.multinomial does for one draw; only the noise is drawn per row, the rest runs for all rows at
-            # once. (Inverse-CDF sampling needs one draw per row, but the last-bit differences in logits between
-            # batch sizes move its answer at any of the vocabulary's boundaries, so outputs would depend on the batch.)
-            probs = torch.softmax(logits[self.sampled].float() / self.temperatures, dim=-1)
-            noise = torch.empty_like(probs)
-            for row, gen in enumerate(self.generators):
-                noise[row].exponential_(generator=gen)
-            picked[self.sampled] = (probs / noise).argmax(dim=-1)
-        return picked
+        # an exponential race, argmax of p / E with E ~ Exp(1) drawn from the row's generator, is what
+        # torch.multinomial does for one draw; only the noise is drawn per row, the rest runs for all rows at
+        # once. (Inverse-CDF sampling would move its answer at any of the vocabulary's boundaries under the
+        # last-bit differences in logits between batch sizes; the race moves only when two values nearly tie,
+        # and those rows are decided again alone.)
+        noise = torch.ones(logits.shape, dtype=torch.float32, device=logits.device)
+        for row, gen in zip(self.sampled, self.generators, strict=True):
+            noise[row].exponential_(generator=gen)
+
+        def lone(row: int) -> Any | None:
+            got = alone(row) if alone is not None else None
+            if got is None:
+                return None
+            logits[row] = got
+            return torch.softmax(got.float() / self.row_temperatures[row], dim=-1) / noise[row]
+
+        return choose(torch.softmax(logits.float() / self.row_temperatures, dim=-1) / noise, lone)
 
     def logprobs(self, logits: Any, picked: Any) -> Any:
         """The log-probability of each row's ``picked`` token under ``softmax(logits / T)``, as float32 ([rows])."""
@@ -59,13 +73,11 @@ class RowSampler:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
-        picked = self.pick(scores)
+        alone = self.alone
+        picked = self.pick(scores, None if alone is None else lambda row: alone(row, input_ids))
         self.chosen_logprobs.append(self.logprobs(scores, picked))
-        if not self.sampled:
-            return scores
-        out = scores.clone()
-        out[self.sampled] = float("-inf")
-        out[self.sampled, picked[self.sampled]] = 0.0
+        out = self.torch.full_like(scores, float("-inf"))
+        out[self.torch.arange(len(picked), device=scores.device), picked] = 0.0
         return out
 
 

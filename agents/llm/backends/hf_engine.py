@@ -3,7 +3,8 @@
 Serving (:class:`~nego.agents.llm.backends.hf.HFBackend`) and chat-model training rollouts
 (``nego.training.chat_rollout``) both generate through one :class:`GenerationEngine`. A batch of rows is generated
 together; each row has its own prompt, its own cap on new tokens, its own temperature and its own seed, and a
-row's tokens do not depend on the other rows of its batch (each row draws from its own generator; see
+row's tokens do not depend on the other rows of its batch: each row draws from its own generator, and a choice close
+enough for batch-dependent float rounding to flip is made again on the row's logits read alone (see
 :class:`~nego.agents.llm.backends.hf_decoding.RowSampler`). Every row stops at the first of the model's end-of-text ids
 (every id its generation config lists, and the tokenizer's), and each chosen token comes with its log-probability
 under ``softmax(logits / T)`` (``T`` = 1 for greedy rows): the quantity a policy-gradient trainer recomputes.
@@ -69,6 +70,8 @@ class BatchStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     prompt_tokens_reused: int = 0
+    lone_reads: int = 0
+    """Close choices made again on the row's logits read alone (:mod:`nego.agents.token_choice`)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class GenerationEngine:
             disable_compile=True,  # batch shapes change from call to call: compiling would recompile each time
             **NEUTRAL_PROCESSING,
         )
+        sampler.alone = lambda row, ids: self._plain_alone(prompts[row], ids[row, width:].tolist(), limits[row])
         started = time.perf_counter()
         generated = self.lm.generate(
             input_ids=input_ids,
@@ -202,6 +206,36 @@ class GenerationEngine:
         out = self._decode(prefilled, limits, sampler)
         self.stats.decode_s += time.perf_counter() - started
         return out
+
+    def _plain_alone(self, prompt: list[int], generated: list[int], limit: int) -> Any | None:
+        """A row's next-token logits on the ``generate`` path, read alone in one forward pass over its prompt and the
+        tokens it generated so far (None once the row is done: its further tokens are dropped)."""
+        import torch
+
+        if len(generated) >= limit or any(t in self.eos_ids for t in generated):
+            return None
+        self.stats.lone_reads += 1
+        ids = torch.tensor([[*prompt, *generated]], device=self.lm.device)
+        return self.lm(input_ids=ids, use_cache=False).logits[0, -1]
+
+    def _split_alone(self, prompt: _Prefilled, generated: list[int]) -> Any:
+        """A row's next-token logits on the split path, read alone: its prompt's own states (read alone, see
+        :meth:`_prefill`), then the tokens it generated so far in one pass of their own (a function of the prompt
+        and those tokens only)."""
+        import torch
+        import transformers
+
+        cache = transformers.DynamicCache(config=self.lm.config)
+        for layer, (keys, values) in enumerate(prompt.kv):
+            cache.update(keys, values, layer)  # the update concatenates: the prompt's states stay as they are
+        out = self.lm(
+            input_ids=torch.tensor([generated], device=self.lm.device),
+            position_ids=torch.arange(prompt.length, prompt.length + len(generated), device=self.lm.device)[None],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1]
 
     def _prefill(self, ids: list[int]) -> _Prefilled:
         """The key-value states and the next-token logits of one prompt, read in fixed chunks.
@@ -267,8 +301,16 @@ class GenerationEngine:
         tokens: list[list[int]] = [[] for _ in prefilled]
         logprobs: list[list[float]] = [[] for _ in prefilled]
         open_rows = set(range(rows))
+
+        def alone(row: int) -> Any | None:
+            if row not in open_rows:
+                return None
+            self.stats.lone_reads += 1
+            return self._split_alone(prefilled[row], tokens[row])
+
         for step in range(steps):
-            picked = sampler.pick(logits)
+            # the first logits are each prompt's own, read alone already
+            picked = sampler.pick(logits, alone if step else None)
             chosen = sampler.logprobs(logits, picked)
             for row, (token, lp) in enumerate(zip(picked.tolist(), chosen.tolist(), strict=True)):
                 if row in open_rows:
