@@ -60,7 +60,13 @@ def smollm2_source() -> str:
     gguf = packaged_gguf()
     if gguf is not None:
         check_packaged(gguf)
-        return str(cached_conversion(gguf, cache_folder(), expected_sha256=GGUF_SHA256))
+        try:
+            return str(cached_conversion(gguf, cache_folder(), expected_sha256=GGUF_SHA256))
+        except OSError as e:  # an unwritable $NEGO_HOME, a full disk
+            raise BackendError(
+                f"the converted model cannot be written under {cache_folder().parent} ({e}); free some space or "
+                "point NEGO_HOME at a writable folder"
+            ) from None
     folder = cache_folder()
     if check_folder(folder, None, GGUF_SHA256) is None:
         return str(folder)

@@ -7,6 +7,7 @@ from the GGUF file during that conversion."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import os
@@ -291,8 +292,8 @@ PROMPTS = ("Hello", 'The seller offers {"price": 120, "quantity": 5}.', "Twelve 
 def converted(tmp_path_factory):
     """One real conversion into a temporary ``$NEGO_HOME``, and the reference it must equal: the tokenizer and the
     logits on :data:`PROMPTS` of the model that transformers loads from the GGUF file during that conversion
-    (``from_pretrained(folder, gguf_file=name)``), the logits taken as soon as it is loaded, before the conversion
-    goes on."""
+    (``from_pretrained(folder, gguf_file=name)``), both taken as soon as they are loaded, before the conversion goes
+    on."""
     import torch
     import transformers
 
@@ -304,7 +305,7 @@ def converted(tmp_path_factory):
             with torch.no_grad():
                 ids = [loaded["tok"](text, return_tensors="pt").input_ids for text in PROMPTS]
                 return {text: (i, obj.eval()(i).logits) for text, i in zip(PROMPTS, ids, strict=True)}
-        return obj
+        return copy.deepcopy(obj)  # the tokenizer as loaded, whatever the conversion does with its own
 
     def spying(auto_class, key):
         real = auto_class.from_pretrained
