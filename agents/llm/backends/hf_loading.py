@@ -78,7 +78,7 @@ def resolve_source(path_or_id: str) -> Source:
             f"no model directory at {path_or_id}: it does not exist or is not a directory; pass a directory "
             "holding config.json and the weights (a hub id looks like org/name)"
         )
-    cached = _in_cache(path_or_id)
+    cached = in_hub_cache(path_or_id)
     if hub_offline():
         if cached:
             return Source(path_or_id, True)
@@ -86,7 +86,7 @@ def resolve_source(path_or_id: str) -> Source:
             f"{path_or_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: download it on a "
             f"machine with network (`hf download {path_or_id}`), or pass a local directory (hf:PATH)"
         )
-    unreachable = _probe_hub(path_or_id)
+    unreachable = probe_hub(path_or_id)
     if unreachable is None:
         return Source(path_or_id, False)
     if cached:
@@ -97,7 +97,8 @@ def resolve_source(path_or_id: str) -> Source:
     )
 
 
-def _in_cache(repo_id: str) -> bool:
+def in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hugging Face cache holds ``repo_id``'s config (no network)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ModuleNotFoundError:
@@ -108,15 +109,16 @@ def _in_cache(repo_id: str) -> bool:
         return False
 
 
-def _probe_hub(repo_id: str) -> str | None:
-    """None if the hub answers for ``repo_id``; otherwise why not. A missing or gated repo is a BackendError."""
+def probe_hub(repo_id: str, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """None if the hub answers for ``repo_id`` within ``timeout_s``; otherwise why not. A missing or gated repo is a
+    BackendError."""
     try:
         from huggingface_hub import model_info
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
     except ModuleNotFoundError as e:
         return f"{e.name} is not installed"
     try:
-        model_info(repo_id, timeout=HUB_PROBE_TIMEOUT_S)
+        model_info(repo_id, timeout=timeout_s)
     except GatedRepoError:
         raise BackendError(f"{repo_id} is gated: accept its terms on the hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
