@@ -36,10 +36,14 @@ def test_negotiator_factory_is_one_class_seen_from_everywhere():
 
 
 def test_negotiator_factory_is_defined_once_in_the_whole_package():
+    def ours(path):  # the package's own files: no tests, no virtualenv or other hidden folder inside the checkout
+        parts = path.relative_to(ROOT).parts
+        return "tests" not in parts and not any(part.startswith(".") for part in parts)
+
     defined = [
         path.relative_to(ROOT).as_posix()
         for path in ROOT.rglob("*.py")
-        if "tests" not in path.relative_to(ROOT).parts and "class NegotiatorFactory" in path.read_text(encoding="utf-8")
+        if ours(path) and "class NegotiatorFactory" in path.read_text(encoding="utf-8")
     ]
     assert defined == ["market/marketplace.py"]
 
