@@ -7,10 +7,6 @@ import logging
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import polars as pl
@@ -20,6 +16,7 @@ from nego.market.transcripts import TranscriptWriter, load_results, read_negotia
 
 from ..conftest import make_widget_scenario
 from .fakes import BrokenFactory, Factory, factories
+from .kill import run_killable
 from .killable_run import make_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,30 +119,9 @@ def test_empty_directory_reads_as_empty_tables(tmp_path):
 
 
 def _run(directory: Path, n: int, fail: bool, kill_at: int | None, pause: float = 0.0) -> bool:
-    """Run the killable script; with ``kill_at``, SIGKILL it ``pause`` s after its ``kill_at``-th finished
-    negotiation. True if it was killed before it finished."""
-    cmd = [sys.executable, "-m", "tests.market.killable_run", str(directory), str(n), "1" if fail else "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        ended = 0
-        while kill_at is not None and ended < kill_at:
-            line = proc.stdout.readline().strip()
-            if line != "ended":
-                break  # "done" or end of output: it finished first
-            ended += 1
-        if kill_at is not None and ended == kill_at:
-            time.sleep(pause)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return proc.returncode == -signal.SIGKILL
-        proc.stdout.read()
-        assert proc.wait(timeout=120) == 0
-        return False
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """The killable run; with ``kill_at``, SIGKILLed ``pause`` s after its ``kill_at``-th finished negotiation. True
+    if it was killed before it finished."""
+    return run_killable([str(directory), str(n), "1" if fail else "0"], kill_at, pause)[0]
 
 
 def _canonical(frame: pl.DataFrame) -> pl.DataFrame:

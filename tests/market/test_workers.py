@@ -28,6 +28,7 @@ from nego.simulation import SimulateConfig, run_simulation
 
 from ..conftest import make_widget_scenario
 from .fakes import Conceder, Factory
+from .kill import run_killable
 from .killable_run import make_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,30 +221,12 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def _run_killable(directory: Path, n: int, fail: bool, kill_at: int | None, pause: float = 0.0) -> bool:
     """The killable run on two workers; with ``kill_at``, SIGKILLed ``pause`` s after its ``kill_at``-th finished
     negotiation, and its workers must end on their own. True if it was killed before it finished."""
-    cmd = [sys.executable, "-m", "tests.market.killable_run", str(directory), str(n), "1" if fail else "0", "2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        workers = proc.stdout.readline().split()
-        assert workers[0] == "workers" and len(workers) == 3, workers
-        ended = 0
-        while kill_at is not None and ended < kill_at:
-            if proc.stdout.readline().strip() != "ended":
-                break  # it finished first
-            ended += 1
-        if kill_at is not None and ended == kill_at:
-            time.sleep(pause)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            assert all(_gone(int(pid)) for pid in workers[1:]), "a worker outlived its killed parent"
-            return proc.returncode == -signal.SIGKILL
-        proc.stdout.read()
-        assert proc.wait(timeout=120) == 0
-        return False
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    killed, [workers] = run_killable([str(directory), str(n), "1" if fail else "0", "2"], kill_at, pause, header=1)
+    pids = workers.split()
+    assert pids[0] == "workers" and len(pids) == 3, pids
+    if killed:
+        assert all(_gone(int(pid)) for pid in pids[1:]), "a worker outlived its killed parent"
+    return killed
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
