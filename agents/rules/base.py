@@ -77,6 +77,12 @@ class RuleNegotiator:
         return space.best_index if idx is None else idx
 
 
+def concession_target(space: OutcomeSpace, lo: float, t: float, e: float) -> float:
+    """The time-dependent target u(t) = best - (best - lo) * t ** (1 / e) between the best own utility and ``lo``
+    (``e < 1`` concedes late, ``e > 1`` early)."""
+    return space.best - (space.best - lo) * t ** (1.0 / e)
+
+
 def opponent_offers(obs: Observation) -> list[Offer]:
     """The other side's offers so far, oldest first."""
     me = obs.scenario.role

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
 
 
 class Deadline(RuleNegotiator):
@@ -43,7 +43,7 @@ class Deadline(RuleNegotiator):
             return WALK_AWAY
         t = Clock.OWN.time(obs)
         tau = min(1.0, t / self.deadline)
-        target = space.best - (space.best - max(rv, space.worst)) * tau ** (1.0 / self.e)
+        target = concession_target(space, max(rv, space.worst), tau, self.e)
         if acceptable(obs, target, space):
             return ACCEPT
         if t >= self.deadline:

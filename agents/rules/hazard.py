@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
 from .concession import OpponentOffers
 
 
@@ -65,7 +65,7 @@ class Hazard(RuleNegotiator):
         if self.hopeless(space, rv):
             return WALK_AWAY
         t = Clock.OWN.time(obs)
-        target = space.best - (space.best - max(rv, space.worst)) * t ** (1.0 / self.e)
+        target = concession_target(space, max(rv, space.worst), t, self.e)
         if acceptable(obs, target, space):
             return ACCEPT
         for step in self._offers.update(obs):

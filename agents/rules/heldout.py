@@ -9,7 +9,17 @@ from __future__ import annotations
 import numpy as np
 from nego.market.types import Action, Observation, Offer
 
-from .base import ACCEPT, EPS, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action, opponent_offers
+from .base import (
+    ACCEPT,
+    EPS,
+    WALK_AWAY,
+    Clock,
+    RuleNegotiator,
+    acceptable,
+    concession_target,
+    offer_action,
+    opponent_offers,
+)
 from .search import OutcomeSpace
 
 HELD_OUT_FAMILIES = ("walker", "picky")
@@ -53,7 +63,7 @@ class Walker(RuleNegotiator):
         if self.hopeless(space, rv):
             return WALK_AWAY
         t = Clock.OWN.time(obs)
-        target = space.best - (space.best - max(rv, space.worst)) * t ** (1.0 / self.e)
+        target = concession_target(space, max(rv, space.worst), t, self.e)
         if acceptable(obs, target, space):
             return ACCEPT
         if t >= self.patience or self.stalled(obs):
@@ -112,7 +122,7 @@ class Picky(RuleNegotiator):
         floor = rv + self.margin
         if self.hopeless(space, floor):
             return WALK_AWAY
-        target = space.best - (space.best - max(floor, space.worst)) * Clock.OWN.time(obs) ** (1.0 / self.e)
+        target = concession_target(space, max(floor, space.worst), Clock.OWN.time(obs), self.e)
         if acceptable(obs, max(target, floor), space):
             return ACCEPT
         model = self._model

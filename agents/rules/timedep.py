@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
 from .search import OutcomeSpace
 
 
@@ -48,7 +48,6 @@ class TimeDependent(RuleNegotiator):
         self.clock = Clock(clock)
         self.margin = margin
         self.patience = patience
-        self._power = 1.0 / e
 
     def floor(self, obs: Observation) -> float:
         """The lowest own utility it will ever accept or offer: reservation plus margin."""
@@ -58,9 +57,7 @@ class TimeDependent(RuleNegotiator):
         return self._target(self.space(obs), self.floor(obs), self.clock.time(obs))
 
     def _target(self, space: OutcomeSpace, floor: float, t: float) -> float:
-        lo = max(floor, space.worst)
-        hi = space.best
-        return hi - (hi - lo) * t**self._power
+        return concession_target(space, max(floor, space.worst), t, self.e)
 
     async def act(self, obs: Observation) -> Action:
         space = self.space(obs)
