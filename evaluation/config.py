@@ -35,7 +35,7 @@ class EvalConfig:
 
     sellers: tuple[str, ...] = _f(help="Seller specs, comma-separated; the first is the base arm.")
     out: Path = field(metadata={"help": "Run directory (resumes if it exists). Default runs/eval/SUITE."})
-    suite: str = _f("eval-1152", "Suite: eval-1152, eval-dev, or a suite JSON file.")
+    suite: str = _f("eval-1152", "Suite: eval-1152, eval-192, eval-dev, or a suite JSON file.")
     buyers: tuple[str, ...] = _f(DEFAULT_BUYERS, "Buyer specs, one per buyer slot of the suite (held-out defaults).")
     diagnostic: str | None = _f(
         DIAGNOSTIC_BUYER, "Extra buyer reported apart (one seed per scenario and opener); 'none' to skip."
