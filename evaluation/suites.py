@@ -241,7 +241,7 @@ def generate_suite(recipe: SuiteRecipe) -> Suite:
 
 
 def _subset_scenarios(
-    recipe: SuiteRecipe, entries: list[tuple[int, str]], parent_hash: str, source: str
+    recipe: SuiteRecipe, entries: list[tuple[int, str, str]], parent_hash: str, source: str
 ) -> tuple[Scenario, ...]:
     """The scenarios a subset suite's file names, taken from its parent and checked against the hashes it lists."""
     try:
@@ -255,15 +255,16 @@ def _subset_scenarios(
             f"{parent.content_hash()}: regenerate the subset with `nego.evaluation.suites.write_suite`"
         )
     out = []
-    for index, content_hash in entries:
+    for index, scenario_id, content_hash in entries:
         if not 0 <= index < len(parent.scenarios):
             raise ValueError(f"{source}: {parent.name} has no scenario {index} (0..{len(parent.scenarios) - 1})")
-        if parent.scenarios[index].content_hash() != content_hash:
+        scenario = parent.scenarios[index]
+        if (scenario.id, scenario.content_hash()) != (scenario_id, content_hash):
             raise ValueError(
-                f"{source}: scenario {index} of {parent.name} does not have the listed hash {content_hash!r}; "
-                "the suite was edited: regenerate it with `nego.evaluation.suites.write_suite`"
+                f"{source}: scenario {index} of {parent.name} is not the listed {scenario_id!r} with hash "
+                f"{content_hash!r}; the suite was edited: regenerate it with `nego.evaluation.suites.write_suite`"
             )
-        out.append(parent.scenarios[index])
+        out.append(scenario)
     return tuple(out)
 
 
@@ -290,7 +291,7 @@ def suite_from_dict(data: dict, source: str = "suite data") -> Suite:
         if recipe.subset_of is None:
             scenarios = tuple(scenario_from_dict(s) for s in data["scenarios"])
         else:
-            entries = [(int(s["index"]), str(s["hash"])) for s in data["scenarios"]]
+            entries = [(int(s["index"]), str(s["id"]), str(s["hash"])) for s in data["scenarios"]]
             parent_hash = str(data["subset_of_hash"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{source}: not a valid suite file ({type(e).__name__}: {e})") from e

@@ -60,8 +60,9 @@ def test_eval_192_is_stored_small_and_names_its_parent():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d["scenarios"][0].update(index=d["scenarios"][0]["index"] + 1), "does not have the listed hash"),
-        (lambda d: d["scenarios"][3].update(hash="0123456789abcdef"), "does not have the listed hash"),
+        (lambda d: d["scenarios"][0].update(index=d["scenarios"][0]["index"] + 1), "is not the listed"),
+        (lambda d: d["scenarios"][3].update(hash="0123456789abcdef"), "with hash '0123456789abcdef'"),
+        (lambda d: d["scenarios"][3].update(id="laptops-1-2"), "is not the listed 'laptops-1-2'"),
         (lambda d: d["scenarios"][3].update(index=96), "eval-1152 has no scenario 96"),
         (lambda d: d["recipe"].update(seeds=[0, 1]), "does not match the content"),
         (lambda d: d["scenarios"].pop(), "recipe says 16 scenarios"),
@@ -74,6 +75,7 @@ def test_eval_192_is_stored_small_and_names_its_parent():
     ids=[
         "index",
         "hash",
+        "id",
         "index-out-of-range",
         "seeds",
         "scenario-dropped",
