@@ -327,7 +327,7 @@ def warm_start_mode(args, cfg) -> list[str]:
     from nego.training.tiny_model import build_tiny_model
     from nego.training.tokenizer import build_tokenizer
 
-    full = TrainConfig()
+    full = TrainConfig().kind.resolve(TrainConfig())
     scenarios = split_scenarios("train", full.train_scenarios, full.max_rounds)
     c0, w0 = time.process_time(), time.perf_counter()
     traces = record_transcripts(scenarios, full.sft_episodes, full.sft_sellers, BuyerPool(tuple(full.train_buyers)), 0)

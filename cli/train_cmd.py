@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from nego.agents.threads import set_threads
 from nego.market.locks import DirectoryBusy
-from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml
+from nego.training.config import ConfigError, TrainConfig, from_mapping, load_toml, model_preset
 from rich.console import Console
 
 from .config_options import config_options, given_values, parameters, signature
@@ -18,14 +18,15 @@ OPTIONS = config_options(TrainConfig)
 
 
 def build_config(config: Path | None, options: dict[str, Any]) -> TrainConfig:
-    """TOML file (if any) first, then the options given on the command line; ``--resume`` restores the run's own."""
+    """TOML file (if any; else the model's preset, see :data:`~nego.training.config.PRESETS`) first, then the
+    options given on the command line; ``--resume`` restores the run's own."""
     given = given_values(OPTIONS, options)
     if given.get("resume"):
         from nego.training.checkpoints import load_run_config
 
         base = load_run_config(Path(given["resume"]))
         return from_mapping(given, "command line", base)
-    base = load_toml(config) if config is not None else TrainConfig()
+    base = load_toml(config) if config is not None else model_preset(str(given.get("model", TrainConfig.model)))
     return from_mapping(given, "command line", base)
 
 

@@ -67,3 +67,56 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ the real SmolLM2 model, converted once
+
+PROMPTS = ("Hello", 'The seller offers {"price": 120, "quantity": 5}.', "Twelve chairs, two-year warranty?")
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """One real conversion into a temporary ``$NEGO_HOME``, and the reference it must equal: the tokenizer and the
+    logits on :data:`PROMPTS` of the model that transformers loads from the GGUF file during that conversion
+    (``from_pretrained(folder, gguf_file=name)``), both taken as soon as they are loaded, before the conversion goes
+    on."""
+    import copy
+    from pathlib import Path
+
+    import torch
+    import transformers
+    from nego.agents.llm.backends import smollm2
+
+    home = tmp_path_factory.mktemp("smollm2-home")
+    loaded: dict[str, object] = {}
+
+    def reference(obj):
+        if isinstance(obj, torch.nn.Module):
+            with torch.no_grad():
+                ids = [loaded["tok"](text, return_tensors="pt").input_ids for text in PROMPTS]
+                return {text: (i, obj.eval()(i).logits) for text, i in zip(PROMPTS, ids, strict=True)}
+        return copy.deepcopy(obj)  # the tokenizer as loaded, whatever the conversion does with its own
+
+    def spying(auto_class, key):
+        real = auto_class.from_pretrained
+
+        def from_pretrained(*args, **kwargs):
+            obj = real(*args, **kwargs)
+            if kwargs.get("gguf_file"):
+                loaded[key] = reference(obj)
+            return obj
+
+        return from_pretrained
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEGO_HOME", str(home))
+        for auto_class, key in [(transformers.AutoTokenizer, "tok"), (transformers.AutoModelForCausalLM, "logits")]:
+            mp.setattr(auto_class, "from_pretrained", spying(auto_class, key))
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            folder = Path(smollm2.smollm2_source())
+        finally:
+            torch.set_num_threads(before)
+    assert set(loaded) == {"tok", "logits"}
+    return home, folder, loaded["logits"], loaded["tok"]

@@ -1,10 +1,15 @@
-"""Chat models (Gemma 4 sizes, any local Hugging Face checkpoint): planned by the preflight before their weights load,
-played and trained on the conversation layout they are served with (:mod:`.chat_rollout`)."""
+"""Chat models (Gemma 4 sizes, SmolLM2, any local Hugging Face checkpoint): planned by the preflight before their
+weights load, warm-started when the config asks (:mod:`.chat_warm_start`), played and trained on the conversation
+layout they are served with (:mod:`.chat_rollout`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.model_specs import SMOLLM2
 
 from .config import GEMMA_SIZES
 from .policy_kind import Echo, Start
@@ -18,13 +23,18 @@ REAL_DEFAULT_LR = 1e-6
 REAL_DEFAULT_TEMPERATURE = 1.0
 CHAT_LEARNER_MAX_TOKENS = 4096
 """The in-market learner's episode cap for chat models: generous, since each turn is capped on its own."""
+SMALL_TEMPLATE = "negotiator-chat-small-v1"
+"""The conversation template of small models: the same layout in about half the tokens, replies of one JSON line."""
+CHAT_SFT_EPISODES, CHAT_SFT_LR, CHAT_SFT_BATCH = 240, 5e-5, 4
+SMOLLM2_SFT_STEPS = 30
+"""SmolLM2's warm start: it writes prose until taught the reply format (other checkpoints get none by default)."""
 
 
 class ChatKind:
     """A real chat model: preflight plan, checkpoint load, GRPO on its own chat template."""
 
     name = "chat"
-    describe = f"{', '.join(GEMMA_SIZES)} or hf:PATH"
+    describe = f"{SMOLLM2}, {', '.join(GEMMA_SIZES)} or hf:PATH"
     registry_format = "hf"
     default_lr = REAL_DEFAULT_LR
     default_temperature = REAL_DEFAULT_TEMPERATURE
@@ -33,7 +43,7 @@ class ChatKind:
     plays_league = False
 
     def accepts(self, model: str) -> bool:
-        return model in GEMMA_SIZES or model.startswith("hf:")
+        return model in GEMMA_SIZES or model == SMOLLM2 or model.startswith("hf:")
 
     def config_model(self, path: str) -> str:
         return f"hf:{path}"
@@ -42,10 +52,22 @@ class ChatKind:
         pass
 
     def resolve(self, cfg: TrainConfig) -> TrainConfig:
-        return cfg  # the auto fields are the preflight's to decide, once the tokenizer is loaded
+        """The warm start's auto fields; the others are the preflight's to decide, once the tokenizer is loaded."""
+        steps = (SMOLLM2_SFT_STEPS if cfg.model == SMOLLM2 else 0) if cfg.sft_steps < 0 else cfg.sft_steps
+        return replace(
+            cfg,
+            sft_episodes=cfg.sft_episodes or CHAT_SFT_EPISODES,
+            sft_steps=steps,
+            sft_lr=cfg.sft_lr or CHAT_SFT_LR,
+            sft_batch=cfg.sft_batch or CHAT_SFT_BATCH,
+        )
+
+    def default_template(self, model: str) -> str:
+        return SMALL_TEMPLATE if model == SMOLLM2 else CHAT_TEMPLATE
 
     def start(self, cfg: TrainConfig, run_dir: Path, runner: EpisodeRunner, echo: Echo, started: float) -> Start:
-        """Tokenizer first, then the preflight's plan (which refuses what cannot fit), then the weights."""
+        """Tokenizer first, then the preflight's plan (which refuses what cannot fit), then the weights, then the
+        warm start if the config asks for one (the registered base is then the warm-started model)."""
         from .checkpoints import save_run_config
         from .hf_model import load_chat_tokenizer, load_chat_weights, model_source
         from .preflight import preflight
@@ -56,23 +78,30 @@ class ChatKind:
         cfg = plan.apply(cfg)
         model = load_chat_weights(cfg)
         save_run_config(run_dir, cfg)
-        return Start(cfg, model, tok, model_source(cfg), 0, plan.grpo_overrides(), plan.generation_rows)
+        source, steps = model_source(cfg), 0
+        if cfg.sft_steps:
+            from .chat_warm_start import chat_warm_start
+
+            warm = chat_warm_start(cfg, model, tok, run_dir, runner, echo, started)
+            model, source, steps = warm.model, str(warm.path.resolve()), warm.steps
+        return Start(cfg, model, tok, source, steps, plan.grpo_overrides(), plan.generation_rows)
 
     def factory(self, model: Any, tokenizer: Any, cfg: TrainConfig, spec: str) -> ChatFactory:
         from .chat_rollout import ChatFactory, ChatPolicy
 
-        return ChatFactory(spec, ChatPolicy(model, tokenizer, max_new=cfg.turn_tokens), cfg.sampling_temperature)
+        policy = ChatPolicy(model, tokenizer, max_new=cfg.turn_tokens, template=cfg.template_name)
+        return ChatFactory(spec, policy, cfg.sampling_temperature)
 
     def rollout_policy(self, tokenizer: Any, cfg: TrainConfig, generation_rows: int | None) -> ChatRollout:
         from .chat_rollout import DEFAULT_GENERATION_ROWS, ChatRollout
 
         rows = DEFAULT_GENERATION_ROWS if generation_rows is None else generation_rows
-        return ChatRollout(tokenizer, max_new=cfg.turn_tokens, max_rows=rows)
+        return ChatRollout(tokenizer, max_new=cfg.turn_tokens, max_rows=rows, template=cfg.template_name)
 
     def registry_config(self, cfg: TrainConfig) -> dict[str, Any]:
         from .chat_rollout import layout_config
 
-        return layout_config(cfg.turn_tokens)
+        return layout_config(cfg.template_name, cfg.turn_tokens)
 
     def load(self, path: str) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer

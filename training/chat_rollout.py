@@ -253,10 +253,10 @@ class ChatFactory:
         await self.policy.aclose()
 
 
-def layout_config(max_new: int) -> dict[str, Any]:
+def layout_config(template: str, max_new: int) -> dict[str, Any]:
     """What the model registry records about how a chat model was trained, so it is played the same way: the
     conversation template (name and id) and the cap on one turn's new tokens."""
-    return {"template": CHAT_TEMPLATE, "template_id": load_template(CHAT_TEMPLATE).id, "turn_tokens": max_new}
+    return {"template": template, "template_id": load_template(template).id, "turn_tokens": max_new}
 
 
 class ChatRollout:
@@ -264,10 +264,18 @@ class ChatRollout:
     new tokens (the episode cap is the rollout's ``max_tokens``), at most ``max_rows`` rows per in-process generate
     call, or TRL's vLLM when the trainer uses it."""
 
-    def __init__(self, tokenizer: Any, *, max_new: int = DEFAULT_TURN_TOKENS, max_rows: int = DEFAULT_GENERATION_ROWS):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        max_new: int = DEFAULT_TURN_TOKENS,
+        max_rows: int = DEFAULT_GENERATION_ROWS,
+        template: str = CHAT_TEMPLATE,
+    ):
         if max_rows < 1:
             raise ValueError(f"max_rows (rows per generate call) must be >= 1, got {max_rows}")
         self.tokenizer = tokenizer
+        self.template = template
         self.max_new, self.max_rows = max_new, max_rows
         self.last: ChatPolicy | None = None
         """The policy of the latest batch."""
@@ -285,7 +293,13 @@ class ChatRollout:
             filler = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else 0
             lockstep = Lockstep(gather_object, [filler])
         self.last = self._open = ChatPolicy(
-            model, self.tokenizer, max_new=self.max_new, vllm=vllm, lockstep=lockstep, max_rows=self.max_rows
+            model,
+            self.tokenizer,
+            max_new=self.max_new,
+            vllm=vllm,
+            lockstep=lockstep,
+            max_rows=self.max_rows,
+            template=self.template,
         )
         return ChatFactory(spec, self.last, float(trainer.temperature))
 

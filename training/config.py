@@ -50,6 +50,9 @@ DEFAULT_TRAIN_BUYERS = (
     "deadline:early=0.3..0.6,e=1..3",
 )
 
+DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5", "reciprocal", "outside", "hazard", "deadline")
+"""The buyers of the dev evaluations during training: each dev scenario is played against every one."""
+
 
 class ConfigError(ValueError):
     """A training configuration that cannot work; the message names the field and what to do."""
@@ -63,7 +66,11 @@ def _f(default: Any, help: str) -> Any:
 class TrainConfig:
     """One training run: SFT warm start (tiny model only) then GRPO against a pool of training buyers."""
 
-    model: str = _f(TINY, "seller model: tiny (built from scratch), 2.3b, 4.5b, 12b, 31b (Gemma 4) or hf:PATH")
+    model: str = _f(
+        TINY,
+        "seller model: tiny (built from scratch), smollm2 (SmolLM2-135M-Instruct, packaged), 2.3b, 4.5b, 12b, 31b "
+        "(Gemma 4) or hf:PATH",
+    )
     name: str = _f("", "registry name of the result (registered as NAME and NAME-rl); default: derived from model")
     out: str = _f("", "where checkpoints, logs and final weights go; default: $NEGO_HOME/runs/NAME")
     lr: float = _f(0.0, "GRPO learning rate; 0 = default (1e-4 for tiny, from dev-split arms; 1e-6 otherwise)")
@@ -98,6 +105,11 @@ class TrainConfig:
         "measured 99th percentile plus a margin for real models (the preflight)",
     )
     turn_tokens: int = _f(96, "cap on the new tokens of one seller turn (chat models); max_tokens caps the episode")
+    template: str = _f(
+        "",
+        "conversation template a chat model is trained and played on (a built-in name or a file); empty = "
+        "negotiator-chat-small-v1 for smollm2 (about half the tokens), negotiator-chat-v1 otherwise",
+    )
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),
         metadata={
@@ -111,10 +123,14 @@ class TrainConfig:
     save_every: int = _f(100, "write a resumable checkpoint every K steps (0 = only at the end)")
     no_deal_reward: str = _f("reservation", "reward without a deal: 'reservation' or a number in [0, 1]")
     invalid_penalty: float = _f(0.1, "subtracted from the reward per invalid seller action")
-    sft_episodes: int = _f(3000, "rule-based transcripts for the warm start (tiny model)")
-    sft_steps: int = _f(300, "warm-start optimizer steps (tiny model; 0 = skip)")
-    sft_lr: float = _f(2e-3, "warm-start learning rate")
-    sft_batch: int = _f(32, "warm-start batch size")
+    sft_episodes: int = _f(0, "rule-based episodes the warm start imitates; 0 = auto (3000 for tiny, 240 for chat)")
+    sft_steps: int = _f(
+        -1,
+        "warm-start optimizer steps (0 = skip); -1 = auto: 300 for tiny, 30 for smollm2, 0 for other chat models "
+        "(instruction checkpoints that already follow the reply format)",
+    )
+    sft_lr: float = _f(0.0, "warm-start learning rate; 0 = auto (2e-3 for tiny, 5e-5 for chat models)")
+    sft_batch: int = _f(0, "warm-start batch size; 0 = auto (32 for tiny, 4 for chat models)")
     sft_sellers: list[str] = field(
         default_factory=lambda: ["timedep:e=0.3", "timedep:e=1", "timedep:e=3"],
         metadata={"help": "rule-based sellers imitated in the warm start"},
@@ -153,6 +169,11 @@ class TrainConfig:
         return frozenset(out)
 
     @property
+    def template_name(self) -> str:
+        """The conversation template of a chat model's run (the kind's choice when none is given)."""
+        return self.template or self.kind.default_template(self.model)
+
+    @property
     def learning_rate(self) -> float:
         return self.lr or self.kind.default_lr
 
@@ -166,6 +187,8 @@ class TrainConfig:
             return self.name
         if self.model.startswith("hf:"):
             return Path(self.model[3:].rstrip("/")).name or "hf-model"
+        if self.model == "smollm2":
+            return "smollm2-bc"  # `smollm2` stays the model as shipped; this is the warm-started (cloned) one
         return self.model
 
     def validate(self) -> TrainConfig:
@@ -191,8 +214,8 @@ class TrainConfig:
             (self.dev_scenarios >= 1, "dev_scenarios must be >= 1"),
             (self.eval_every >= 0 and self.save_every >= 0, "eval_every and save_every must be >= 0"),
             (self.invalid_penalty >= 0, "invalid_penalty must be >= 0"),
-            (self.sft_steps >= 0 and self.sft_episodes >= 1, "sft_steps must be >= 0 and sft_episodes >= 1"),
-            (self.sft_lr > 0 and self.sft_batch >= 1, "sft_lr must be > 0 and sft_batch >= 1"),
+            (self.sft_steps >= -1 and self.sft_episodes >= 0, "sft_steps must be >= -1 and sft_episodes >= 0"),
+            (self.sft_lr >= 0 and self.sft_batch >= 0, "sft_lr and sft_batch must be >= 0 (0 = auto)"),
             (bool(self.sft_sellers), "sft_sellers must name at least one rule-based seller"),
             (self.sft_pick in SFT_PICKS, f"sft_pick must be one of {', '.join(SFT_PICKS)}, got {self.sft_pick!r}"),
             (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
@@ -269,6 +292,17 @@ def _renamed(data: dict[str, Any], source: str) -> dict[str, Any]:
         logger.warning("%s: %s is deprecated, it is now called %s", source, old, new)
         data.setdefault(new, value)
     return data
+
+
+PRESETS = {"smollm2": "smollm2.toml"}
+"""Models whose default run is a file of its own (``training/NAME.toml``): ``nego train --model NAME`` starts there."""
+
+
+def model_preset(model: str) -> TrainConfig:
+    """The config a run of ``model`` starts from before any option: its preset file, else the defaults."""
+    if model not in PRESETS:
+        return TrainConfig()
+    return load_toml(Path(__file__).with_name(PRESETS[model]))
 
 
 def load_toml(path: str | Path, base: TrainConfig | None = None) -> TrainConfig:

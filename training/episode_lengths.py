@@ -44,9 +44,10 @@ class ChatEpisode:
     turns: int
 
 
-def reply_text(action: Action) -> str:
+def reply_text(action: Action, *, line: bool = False) -> str:
     """What a chat model would have written for ``action``: a model's own text when the action recorded one
-    (its raw reply envelope), otherwise the JSON action block the prompt asks for."""
+    (its raw reply envelope), otherwise the JSON action block the prompt asks for (``line``: the one line of JSON
+    without a message that a template using ``reply_line`` asks for)."""
     if action.raw:
         try:
             return str(read_envelope(action.raw)["text"])
@@ -54,6 +55,10 @@ def reply_text(action: Action) -> str:
             return action.raw
     if action.kind is ActionKind.INVALID:
         return action.error
+    if line:
+        body = action_to_json(action)
+        body.pop("message", None)
+        return json.dumps(body)
     return "```json\n" + json.dumps(action_to_json(action)) + "\n```"
 
 
@@ -108,7 +113,7 @@ def render_episode(
     exchanges: list[Exchange] = []
     for obs, turn in observations(scenario, result, role):
         trace.extend(chat_ids(tokenizer, chat_messages(tmpl, exchanges, obs, tools=False)))
-        text = reply_text(turn.action)
+        text = reply_text(turn.action, line=tmpl.line_replies)
         reply = (*tokenizer.encode(text, add_special_tokens=False), eos)
         trace.generated(Generated(reply, (0.0,) * len(reply), True))
         exchanges.append(Exchange(obs, text))

@@ -16,7 +16,7 @@ from nego.market.locks import exclusive_run
 from nego.market.marketplace import Scorer
 
 from .checkpoints import CUT_SHORT, checkpoint_step, latest_checkpoint
-from .config import TrainConfig, no_deal_value
+from .config import DEV_BUYERS, TrainConfig, no_deal_value
 from .evaluate import DEV_ARM, DevEvaluation, evaluate
 from .policy_kind import Echo
 from .pool import BuyerPool
@@ -26,7 +26,6 @@ from .runner import EpisodeRunner
 from .train_log import StepRow, TrainLog, TrainObserver
 from .trainer import build_grpo_trainer, grpo_args, lora_config, quiet_libraries, step_monitor
 
-DEV_BUYERS = ("timedep:e=1", "tft", "timedep:e=1,patience=0.5", "reciprocal", "outside", "hazard", "deadline")
 """Dev evaluation buyers: every training family at fixed parameters (never a held-out one)."""
 TRANSCRIPTS = "transcripts"
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from nego.agents.llm.backends.base import BackendError
 from nego.agents.llm.backends.hf_loading import gpu_visible, resolve_source
+from nego.agents.model_specs import SMOLLM2
 
 from .config import GEMMA_SIZES, ConfigError, TrainConfig
 
@@ -14,7 +15,15 @@ ON_CPU = "on a CPU, train the built-in tiny seller (--model tiny) or a small loc
 
 
 def model_source(cfg: TrainConfig) -> str:
-    """Hub id or local path of the checkpoint to train."""
+    """Hub id or local path of the checkpoint to train (``smollm2``: the packaged model's converted folder, made on
+    first use)."""
+    if cfg.model == SMOLLM2:
+        from nego.agents.llm.backends.smollm2 import smollm2_source
+
+        try:
+            return smollm2_source()
+        except BackendError as e:
+            raise ConfigError(f"model: {SMOLLM2}: {e}") from None
     return GEMMA_SIZES.get(cfg.model) or cfg.model.removeprefix("hf:")
 
 

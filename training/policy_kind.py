@@ -77,7 +77,11 @@ class PolicyKind(Protocol):
         ...
 
     def resolve(self, cfg: TrainConfig) -> TrainConfig:
-        """``cfg`` with the auto fields this kind decides without a plan."""
+        """``cfg`` with the auto fields this kind decides without a plan (the warm start's among them)."""
+        ...
+
+    def default_template(self, model: str) -> str:
+        """The conversation template a model of this kind is trained on when the config names none."""
         ...
 
     def start(self, cfg: TrainConfig, run_dir: Path, runner: EpisodeRunner, echo: Echo, started: float) -> Start:

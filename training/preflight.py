@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import GEMMA_SIZES, ConfigError, TrainConfig
+from .config import DEV_BUYERS, GEMMA_SIZES, ConfigError, TrainConfig
 from .episode_lengths import EpisodeLengths, measure_episode_lengths
 from .memory_model import GiB, MemoryEstimate, ModelFacts, estimate, kv_cache_bytes, model_facts, state_bytes
 
@@ -147,7 +147,9 @@ def model_config(cfg: TrainConfig) -> Any:
         return build_config(cfg.model)
     from transformers import AutoConfig
 
-    source = cfg.model.removeprefix("hf:")
+    from .hf_model import model_source
+
+    source = model_source(cfg)
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as e:
@@ -168,7 +170,12 @@ def preflight(
 ) -> TrainPlan:
     """Measure and plan for this machine (``gpu_bytes`` defaults to the free memory of the visible GPU)."""
     lengths = measure_episode_lengths(
-        tokenizer, n=episodes, max_rounds=cfg.max_rounds, buyers=cfg.train_buyers, sellers=cfg.sft_sellers
+        tokenizer,
+        n=episodes,
+        max_rounds=cfg.max_rounds,
+        buyers=cfg.train_buyers,
+        sellers=cfg.sft_sellers,
+        template=cfg.template_name,
     )
     return plan(
         cfg,
@@ -198,7 +205,8 @@ def plan(
     seq_len = lengths.prompt.max + max_tokens
     sequences = cfg.scenarios_per_step * cfg.group_size
     vllm_colocated = cfg.use_vllm and not cfg.vllm_server
-    rows_needed = cfg.dev_scenarios if cfg.use_vllm else max(sequences, cfg.dev_scenarios)
+    dev_rows = cfg.dev_scenarios * len(DEV_BUYERS)  # a dev evaluation plays every dev scenario against every dev buyer
+    rows_needed = dev_rows if cfg.use_vllm else max(sequences, dev_rows)
     reserved, utilization = 0, None
     if vllm_colocated and gpu_bytes is not None:
         utilization = _vllm_utilization(facts, sequences, seq_len, gpu_bytes)

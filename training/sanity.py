@@ -129,6 +129,7 @@ def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
     from .tiny_model import build_tiny_model
     from .tokenizer import build_tokenizer
 
+    cfg = cfg.kind.resolve(cfg)
     tok = build_tokenizer()
     model = build_tiny_model(tok, seed=cfg.seed)
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS)

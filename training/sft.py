@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from nego.agents.compact.protocol import CompactTrace, action_words, parse_action
 from nego.agents.registry import resolve
-from nego.market.marketplace import Job
+from nego.market.marketplace import Job, Played
 from nego.market.protocol import Negotiator
 from nego.market.types import Action, NegotiationResult, Observation
 from nego.scenarios.scenario import Role, Scenario
@@ -70,8 +70,25 @@ def record_transcripts(
     writer: TranscriptWriter | None = None,
     pick: str = "mixture",
 ) -> list[CompactTrace]:
+    """``n`` rule-seller episodes recorded in the compact protocol: :func:`play_warm_start` with every seller
+    wrapped in a :class:`RecordingSeller`, the recorded trace of each kept episode."""
+    return [p.seller_record for p in play_warm_start(scenarios, n, sellers, pool, seed, writer, pick)]
+
+
+def play_warm_start(
+    scenarios: Sequence[Scenario],
+    n: int,
+    sellers: Sequence[str],
+    pool: BuyerPool,
+    seed: int,
+    writer: TranscriptWriter | None = None,
+    pick: str = "mixture",
+    *,
+    record: bool = True,
+) -> list[Played]:
     """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``, played by
-    the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given).
+    the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given); ``record``
+    wraps every seller in a :class:`RecordingSeller` (the compact protocol), else the rule sellers play as they are.
 
     ``pick="mixture"``: each episode is played by one seller drawn from ``sellers``. ``pick="best"``: every seller
     plays each episode (the same scenario, buyer and seed), and the episode of the one whose seller utility is highest
@@ -88,17 +105,18 @@ def record_transcripts(
         for k, seller in enumerate(specs if pick == "best" else [drawn]):
             suffix = f"-{k}" if pick == "best" else ""
             jobs.append(Job(sc, seller, buyer, job_seed, f"warm-{i:06d}{suffix}", "warm-start", WARM_START_ARM))
-    with EpisodeRunner({s: RecordingFactory(s) for s in specs}, writer=writer) as runner:
+    learners = {s: RecordingFactory(s) for s in specs} if record else {}
+    with EpisodeRunner(learners, writer=writer) as runner:
         played = runner.play(jobs)
     if pick != "best":
-        return [p.seller_record for p in played]
+        return played
     k = len(specs)
     return best_episodes([played[i * k : (i + 1) * k] for i in range(n)])
 
 
-def best_episodes(tries: Sequence[Sequence[Any]]) -> list[CompactTrace]:
-    """Per episode, the recorded trace of the try with the highest seller utility (the first among equals)."""
-    return [max(group, key=lambda p: p.result.outcome.seller_utility).seller_record for group in tries]
+def best_episodes(tries: Sequence[Sequence[Played]]) -> list[Played]:
+    """Per episode, the try with the highest seller utility (the first among equals)."""
+    return [max(group, key=lambda p: p.result.outcome.seller_utility) for group in tries]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,19 +128,35 @@ class SFTResult:
     episodes: int
 
 
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One behaviour-cloning sequence as token ids, with its loss mask (1 on the seller's own ids)."""
+
+    ids: Sequence[int]
+    mask: Sequence[int]
+
+
+def compact_examples(traces: Sequence[CompactTrace], vocab: dict[str, int]) -> list[Example]:
+    """Compact-protocol traces as id sequences: prompt words are context, the seller's words are trained."""
+    return [Example([vocab[w] for w in t.prompt + t.words], [0] * len(t.prompt) + t.mask) for t in traces]
+
+
 def _tensors(traces: Sequence[CompactTrace], vocab: dict[str, int]) -> tuple[Any, Any, Any]:
+    return _padded(compact_examples(traces, vocab), vocab["<pad>"])
+
+
+def _padded(examples: Sequence[Example], pad_id: int) -> tuple[Any, Any, Any]:
+    """(ids, attention mask, labels) of ``examples`` right-padded to the longest; labels are -100 off the mask."""
     import torch
 
-    seqs = [[vocab[w] for w in t.prompt + t.words] for t in traces]
-    masks = [[0] * len(t.prompt) + t.mask for t in traces]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), vocab["<pad>"], dtype=torch.long)
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     att = torch.zeros_like(ids)
-    for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
-        labels[i, : len(s)] = torch.tensor([tok if own else -100 for tok, own in zip(s, m, strict=True)])
+    for i, e in enumerate(examples):
+        ids[i, : len(e.ids)] = torch.tensor(list(e.ids))
+        att[i, : len(e.ids)] = 1
+        labels[i, : len(e.ids)] = torch.tensor([tok if own else -100 for tok, own in zip(e.ids, e.mask, strict=True)])
     return ids, att, labels
 
 
@@ -155,7 +189,7 @@ def length_groups(lengths: Sequence[int], overhead: int = GROUP_OVERHEAD_TOKENS)
 def behaviour_clone(
     model: Any,
     tokenizer: Any,
-    traces: Sequence[CompactTrace],
+    traces: Sequence[CompactTrace] | Sequence[Example],
     *,
     steps: int,
     lr: float,
@@ -164,17 +198,24 @@ def behaviour_clone(
     deadline: float | None = None,
     echo: Any = None,
     by_length: bool = True,
+    echo_every: int = 50,
 ) -> SFTResult:
-    """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay).
+    """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay): compact traces with
+    the tiny model's tokenizer, or :class:`Example` s (any model: a chat model's rendered episodes).
 
-    Each step's batch is read in passes over rows of similar length (:func:`length_groups`), whose gradients add up
-    to the gradient of the whole batch's mean loss (``by_length=False`` reads it in one pass padded to its longest
-    row: the same step, slower). Stops early (and says so in the result) once ``time.perf_counter()`` passes
-    ``deadline``."""
+        Each step's batch is read in passes over rows of similar length (:func:`length_groups`), whose gradients add up
+        to the gradient of the whole batch's mean loss (``by_length=False`` reads it in one pass padded to its longest
+        row: the same step, slower). Stops early (and says so in the result) once ``time.perf_counter()`` passes
+        ``deadline``."""
     import torch
 
     t0 = time.perf_counter()
-    ids, att, labels = _tensors(traces, tokenizer.get_vocab())
+    examples = bool(traces) and isinstance(traces[0], Example)
+    if examples:
+        ids, att, labels = _padded(traces, pad_id(tokenizer))
+    else:
+        ids, att, labels = _tensors(traces, tokenizer.get_vocab())
+    selective = examples and plain_head(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -188,21 +229,28 @@ def behaviour_clone(
         if deadline is not None and time.perf_counter() > deadline:
             break
         idx = torch.randint(0, ids.size(0), (batch,), generator=gen)
-        last = _accumulate(model, ids[idx], att[idx], labels[idx], by_length)
+        last = _accumulate(model, ids[idx], att[idx], labels[idx], by_length, selective)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         first = last if step == 0 else first
         done = step + 1
-        if echo is not None and done % 50 == 0:
+        if echo is not None and done % echo_every == 0:
             echo(f"warm start: step {done}/{steps}, loss {last:.3f}, {time.perf_counter() - t0:.0f}s")
     model.eval()
     return SFTResult(done, first, last, time.perf_counter() - t0, len(traces))
 
 
-def _accumulate(model: Any, ids: Any, att: Any, labels: Any, by_length: bool) -> float:
-    """Backpropagate the batch's mean loss over its own tokens, pass by pass; returns that loss."""
+def pad_id(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def _accumulate(model: Any, ids: Any, att: Any, labels: Any, by_length: bool, selective: bool = False) -> float:
+    """Backpropagate the batch's mean loss over its own tokens, pass by pass; returns that loss. ``selective``
+    applies the output layer only where a token is trained (a chat model's vocabulary makes that layer a fifth of
+    the compute, and most of an episode is prompt)."""
     lengths = att.sum(1)
     counted = max(1, int((labels[:, 1:] != -100).sum()))  # the tokens the model predicts (labels shift by one)
     groups = length_groups(lengths.tolist()) if by_length else [list(range(len(lengths)))]
@@ -210,7 +258,29 @@ def _accumulate(model: Any, ids: Any, att: Any, labels: Any, by_length: bool) ->
     for group in groups:
         width = int(lengths[group].max())  # right padding: drop columns no row of this pass uses
         rows = (ids[group, :width], att[group, :width], labels[group, :width])
-        loss = model(input_ids=rows[0], attention_mask=rows[1], labels=rows[2], num_items_in_batch=counted).loss
+        if selective:
+            loss = _selected_loss(model, *rows, counted)
+        else:
+            loss = model(input_ids=rows[0], attention_mask=rows[1], labels=rows[2], num_items_in_batch=counted).loss
         loss.backward()
         total += float(loss.detach())
     return total
+
+
+def plain_head(model: Any) -> bool:
+    """Whether the model's logits are its output layer applied to its decoder's last hidden states and nothing more
+    (no final soft-capping or scaling, as Gemma and Cohere models apply), so the layer can be applied selectively."""
+    config = getattr(model, "config", None)
+    scaled = any(getattr(config, k, None) is not None for k in ("final_logit_softcapping", "logit_scale"))
+    return not scaled and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+
+
+def _selected_loss(model: Any, ids: Any, att: Any, labels: Any, counted: int) -> Any:
+    """The summed next-token loss of the trained positions over ``counted``: the decoder's hidden states, and the
+    output layer applied only at positions whose next token is trained."""
+    import torch
+
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+    keep = labels[:, 1:] != -100
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep]).float()
+    return torch.nn.functional.cross_entropy(logits, labels[:, 1:][keep], reduction="sum") / counted

@@ -21,6 +21,8 @@ TINY_MAX_TOKENS = 512
 """The tiny model's episode cap: compact episodes of 10 rounds run under 200 words."""
 TINY_DEFAULT_LR = 1e-4  # dev-split arms, judged sampled: bench/results/tiny_dev_sweep.txt
 TINY_DEFAULT_TEMPERATURE = 0.7  # dev-split arm D against arm C's T = 1: bench/results/tiny_robust_eval.txt
+TINY_SFT_EPISODES, TINY_SFT_STEPS, TINY_SFT_LR, TINY_SFT_BATCH = 3000, 300, 2e-3, 32
+"""The tiny model's warm start: episodes imitated, optimizer steps, learning rate and batch."""
 
 
 @dataclass(slots=True)
@@ -63,9 +65,20 @@ class TinyKind:
             raise ConfigError("finetune: the tiny model trains fully (lora is for real models)")
 
     def resolve(self, cfg: TrainConfig) -> TrainConfig:
-        """The tiny model is not planned: it trains on a CPU, fully, with its own episode cap."""
+        """The tiny model is not planned: it trains on a CPU, fully, with its own episode cap and warm start."""
         finetune = "full" if cfg.finetune == "auto" else cfg.finetune
-        return replace(cfg, finetune=finetune, max_tokens=cfg.max_tokens or TINY_MAX_TOKENS)
+        return replace(
+            cfg,
+            finetune=finetune,
+            max_tokens=cfg.max_tokens or TINY_MAX_TOKENS,
+            sft_episodes=cfg.sft_episodes or TINY_SFT_EPISODES,
+            sft_steps=TINY_SFT_STEPS if cfg.sft_steps < 0 else cfg.sft_steps,
+            sft_lr=cfg.sft_lr or TINY_SFT_LR,
+            sft_batch=cfg.sft_batch or TINY_SFT_BATCH,
+        )
+
+    def default_template(self, model: str) -> str:
+        return ""  # the compact word protocol has no conversation template
 
     def start(self, cfg: TrainConfig, run_dir: Path, runner: EpisodeRunner, echo: Echo, started: float) -> Start:
         from .checkpoints import save_run_config

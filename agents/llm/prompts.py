@@ -52,12 +52,17 @@ FIELDS: dict[str, str] = {
     "trend": "what the other side has conceded since its first offer and how its last offer moved, in this side's "
     "score, as a line ending in a newline (empty before its second offer)",
     "reply_format": "how to answer: the tools, or the JSON block to write",
+    "terms": "one short line per issue, most important first: its range or options and this side's weight and "
+    "preference (the issues and priorities of small-model templates in one list)",
+    "reply_line": "how to answer in one line of JSON, for small models (a template using it is answered in that "
+    "form by the rule sellers a warm start imitates)",
 }
 
 
 UPDATE_FIELDS: dict[str, str] = {
     "news": "what happened since this side's last reply: that its turn passed when that reply was invalid to the "
     "end, then the other side's move as a line of the history, or that its turn passed (empty on a retry)",
+    "news_brief": "the same as news in fewer words: offers without units or messages",
 }
 """Fields only the ``[update]`` section of a conversation template can use."""
 
@@ -89,6 +94,11 @@ class PromptTemplate:
     system: Template
     user: Template
     update: Template | None = None
+
+    @property
+    def line_replies(self) -> bool:
+        """True when the template asks for a reply of one line of JSON (the ``reply_line`` field)."""
+        return any("reply_line" in t.get_identifiers() for t in (self.system, self.user))
 
     @property
     def conversational(self) -> bool:
@@ -235,6 +245,8 @@ def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
         "opener": view.opener.value,
         "max_rounds": str(view.max_rounds),
         "reply_format": _reply_format(view, tools),
+        "reply_line": _reply_line(view),
+        "terms": _terms(view),
     }
 
 
@@ -268,14 +280,18 @@ def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
     if obs.scenario is not before.scenario and obs.scenario != before.scenario:
         raise ValueError("an update joins two observations of the same side of the same negotiation")
     if obs.round == before.round:
-        return {"news": ""}
+        return {"news": "", "news_brief": ""}
     new = obs.history[len(before.history) :]
-    lines = []
-    if not any(move.role is obs.role for move in new):
-        lines.append("Your last reply was not a valid move, so your turn passed.")
-    theirs = [_move_line(move, obs.scenario) for move in new if move.role is not obs.role]
-    lines += theirs or [f"The {obs.role.other.value} made no valid move, so its turn passed."]
-    return {"news": "\n".join(lines)}
+    passed = [] if any(move.role is obs.role for move in new) else ["Your last reply was not a valid move."]
+    theirs = [move for move in new if move.role is not obs.role]
+    other = obs.role.other.value
+    none = [f"The {other} made no valid move, so its turn passed."]
+    lines = [_move_line(move, obs.scenario) for move in theirs] or none
+    brief = [_brief_line(move, obs.scenario) for move in theirs] or none
+    if passed:
+        lines.insert(0, "Your last reply was not a valid move, so your turn passed.")
+        brief = passed + brief
+    return {"news": "\n".join(lines), "news_brief": "\n".join(brief)}
 
 
 def describe_offer(offer: Offer, view: ScenarioView) -> str:
@@ -325,6 +341,32 @@ def _move_line(move: PublicMove, view: ScenarioView) -> str:
     return f"- Round {move.round}, {who}: {what}.{said}"
 
 
+def _brief_line(move: PublicMove, view: ScenarioView) -> str:
+    who = move.role.value.capitalize()
+    if move.kind is ActionKind.OFFER and move.offer is not None:
+        values = ", ".join(f"{issue.name}={move.offer[issue.name]}" for issue in view.issues)
+        return f"{who} offered {values} (worth {view.utility(move.offer):.2f} to you)."
+    return f"{who} accepted." if move.kind is ActionKind.ACCEPT else f"{who} walked away."
+
+
+def _terms(view: ScenarioView) -> str:
+    prefs = view.preferences
+    lines = []
+    for issue in sorted(view.issues, key=lambda i: -prefs.weights[i.name]):
+        vf = prefs.values[issue.name]
+        if issue.kind is IssueKind.CATEGORICAL:
+            table = dict(vf.table)
+            domain = " | ".join(issue.options)
+            wants = "worth " + ", ".join(f"{o}={table[o]:.2f}" for o in issue.options)
+        else:
+            step = f" step {issue.step}" if issue.kind is IssueKind.INT and issue.step != 1 else ""
+            unit = f" {issue.unit}" if issue.unit else ""
+            domain = f"{issue.kind.value} {issue.low}..{issue.high}{step}{unit}"
+            wants = f"{'higher' if vf.direction is Direction.INCREASING else 'lower'} is better"
+        lines.append(f"- {issue.name} ({domain}): weight {prefs.weights[issue.name]:.2f}, {wants}")
+    return "\n".join(lines)
+
+
 def _standing(offer: Offer | None, view: ScenarioView) -> str:
     other = view.role.other.value
     if offer is None:
@@ -345,6 +387,14 @@ def _reply_format(view: ScenarioView, tools: bool) -> str:
         '{"action": "accept", "message": "..."}\n'
         '{"action": "walk_away", "message": "..."}\n'
         "Numbers are plain JSON numbers without units; options are JSON strings."
+    )
+
+
+def _reply_line(view: ScenarioView) -> str:
+    shape = ", ".join(f'"{i.name}": ...' for i in view.issues)
+    return (
+        f'Reply with one line of JSON: {{"action": "offer", "offer": {{{shape}}}}}, {{"action": "accept"}} or '
+        '{"action": "walk_away"}.'
     )
 
 

@@ -8,19 +8,24 @@
 #   bash bench/gpu/run.sh               # on the GPU machine, from the repository root or anywhere
 #   bash bench/gpu/run.sh --cpu-smoke   # on a CPU: the same steps on a 1.7M-parameter Gemma 4, to check the script
 #                                       # (shorter replies and fewer retries; output to a temporary file by default)
+#   bash bench/gpu/run.sh --smollm2     # instead: a real model's learning run, at most 9 minutes: SmolLM2-135M-Instruct
+#                                       # warm-started and trained for 30 GRPO steps (vLLM when installed), then
+#                                       # evaluated on eval-1152 beside the rule sellers (bench/smollm2_run.py);
+#                                       # output to bench/results/gpu_smollm2.txt
 #
 # Exits 0 only when every part passed: the environment check, the training bench and the simulation. A part that
 # fails is named on the last line (`FAILED: ...`), and the simulation is skipped when there is no trained model.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)   # the repository root is the package `nego` itself
-smoke=0
-if [[ "${1:-}" == "--cpu-smoke" ]]; then smoke=1; elif [[ $# -gt 0 ]]; then
-  echo "usage: bash bench/gpu/run.sh [--cpu-smoke]" >&2; exit 2
+smoke=0 smollm2=0
+if [[ "${1:-}" == "--cpu-smoke" ]]; then smoke=1; elif [[ "${1:-}" == "--smollm2" ]]; then smollm2=1; elif [[ $# -gt 0 ]]; then
+  echo "usage: bash bench/gpu/run.sh [--cpu-smoke | --smollm2]" >&2; exit 2
 fi
 py=${PYTHON:-python}
 default_out=$here/bench/results/gpu_run.txt
 [[ $smoke == 1 ]] && default_out=${TMPDIR:-/tmp}/nego-gpu-run-smoke.txt   # a CPU smoke never replaces GPU results
+[[ $smollm2 == 1 ]] && default_out=$here/bench/results/gpu_smollm2.txt
 out=${NEGO_GPU_RUN_OUT:-$default_out}
 work=$(mktemp -d /tmp/nego-gpu-run.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -71,6 +76,26 @@ part() {
   fi
 }
 
+# the SmolLM2 learning run: the shipped model's warm start, GRPO at a learning rate for a 135M model (1e-5, an arm
+# of its own: the chat default 1e-6 is Gemma's), evaluation on the full suite with many negotiations in flight
+smollm2_parts() {
+  echo "# bench/gpu/run.sh --smollm2: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m)"
+  part "environment check" 300 "$py" -c "$check"
+  local vllm="" args
+  "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)" && vllm="--use-vllm"
+  args="--steps 30 --group-size 8 --scenarios-per-step 8 --dev-scenarios 16 --lr 1e-5 --threads 8 $vllm"
+  echo
+  if [[ ${#failed[@]} == 0 ]]; then
+    part "smollm2 learning run" 540 "$py" "$here/bench/smollm2_run.py" --train-args "$args" --suite eval-1152 \
+      --eval-args "--concurrency 512" --work "$work/smollm2" --out "$work/smollm2.txt"
+  else
+    echo "smollm2 learning run: skipped"
+  fi
+  echo
+  if [[ ${#failed[@]} == 0 ]]; then echo "all parts passed"; else echo "FAILED: ${failed[*]}"; fi
+  return "${#failed[@]}"
+}
+
 # every part in order, each only when the ones before it passed; the exit status is the number of failed parts
 all_parts() {
   echo "# bench/gpu/run.sh$([[ $smoke == 1 ]] && echo ' --cpu-smoke'): $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m)"
@@ -102,7 +127,9 @@ all_parts() {
 }
 
 set +e +o pipefail   # the status that counts is all_parts', not the filter's (grep exits 1 when it drops every line)
-all_parts 2>&1 | grep --line-buffered -v -e "FutureWarning" -e "warnings.warn(" -e "it/s\]" -e "s/it\]" | tee "$out"
+parts=all_parts
+[[ $smollm2 == 1 ]] && parts=smollm2_parts
+$parts 2>&1 | grep --line-buffered -v -e "FutureWarning" -e "warnings.warn(" -e "it/s\]" -e "s/it\]" | tee "$out"
 status=("${PIPESTATUS[@]}")
 set -e -o pipefail
 if [[ ${status[2]} != 0 ]]; then

@@ -51,6 +51,8 @@ def test_shipped_tomls_load_and_the_tiny_one_is_the_default():
     assert load_toml(folder / "tiny.toml") == TrainConfig()
     gemma = load_toml(folder / "gemma.toml")
     assert gemma.model == "4.5b" and gemma.finetune == "lora" and gemma.learning_rate == 1e-6
+    smollm2 = load_toml(folder / "smollm2.toml")
+    assert smollm2.model == "smollm2" and smollm2.kind.name == "chat" and smollm2.sft_steps > 0
 
 
 def test_cli_errors_are_clear_and_early():

@@ -65,3 +65,22 @@ def test_an_interpreter_without_the_training_extra_fails_the_environment_check(t
     status, output = run_script(tmp_path, shutil.which("false") or "/bin/false", "--cpu-smoke")
     assert status != 0 and "training bench: skipped" in output
     assert output.rstrip().splitlines()[-1] == "FAILED: environment check"
+
+
+@pytest.mark.parametrize("run_status", [0, 5])
+def test_the_smollm2_learning_run_is_one_part_with_its_arguments(tmp_path, run_status):
+    """``--smollm2``: the environment check, then bench/smollm2_run.py on eval-1152 with the run's options; the script
+    fails, naming the part, when that run fails."""
+    path = tmp_path / "python"
+    path.write_text(
+        "#!/usr/bin/env bash\n"
+        f'case "${{1:-}}" in */bench/smollm2_run.py) shift; echo "smollm2 stand-in: $*"; exit {run_status};; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    path.chmod(0o755)
+    status, output = run_script(tmp_path, str(path), "--smollm2")
+    assert "smollm2 stand-in: --train-args --steps 30" in output and "--suite eval-1152" in output
+    if run_status == 0:
+        assert status == 0 and output.rstrip().endswith("all parts passed")
+    else:
+        assert status != 0 and output.rstrip().splitlines()[-1] == "FAILED: smollm2 learning run"

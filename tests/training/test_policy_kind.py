@@ -20,7 +20,7 @@ def test_a_config_names_its_kind_by_its_model(model, kind):
 
 
 def test_an_unknown_model_is_refused_naming_every_kind():
-    with pytest.raises(ConfigError, match=r"not one of tiny, 2\.3b, 4\.5b, 12b, 31b or hf:PATH"):
+    with pytest.raises(ConfigError, match=r"not one of tiny, smollm2, 2\.3b, 4\.5b, 12b, 31b or hf:PATH"):
         TrainConfig(model="gpt-2").validate()
 
 
@@ -31,7 +31,9 @@ def test_the_defaults_of_the_auto_fields_come_from_the_kind():
     assert TrainConfig(lr=3e-5, temperature=0.5).learning_rate == 3e-5
     resolved = TINY_KIND.resolve(TrainConfig())
     assert (resolved.finetune, resolved.max_tokens) == ("full", TINY_KIND.learner_max_tokens)
-    assert CHAT.resolve(TrainConfig(model="hf:/m")) == TrainConfig(model="hf:/m")  # the preflight decides
+    chat = CHAT.resolve(TrainConfig(model="hf:/m"))
+    assert (chat.finetune, chat.max_tokens) == ("auto", 0)  # the preflight decides
+    assert chat.sft_steps == 0 and chat.sft_batch > 0  # an instruction checkpoint gets no warm start unless asked
 
 
 def test_the_kind_refuses_what_it_cannot_train():

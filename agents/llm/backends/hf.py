@@ -98,9 +98,9 @@ class HFBackend:
         static_cache: bool | None = None,
         split_prefill: bool | None = None,
         prefill_chunk: int = 128,
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float | None = None,
     ) -> None:
-        if max_batch < 1 or window_ms < 0 or prefill_chunk < 1 or prefix_cache_mb < 0:
+        if max_batch < 1 or window_ms < 0 or prefill_chunk < 1 or (prefix_cache_mb or 0) < 0:
             raise ValueError(
                 "max_batch and prefill_chunk must be >= 1, window_ms and prefix_cache_mb >= 0; got "
                 f"{max_batch}, {prefill_chunk}, {window_ms}, {prefix_cache_mb}"
@@ -126,6 +126,7 @@ class HFBackend:
                 split_prefill=split_prefill,
                 prefill_chunk=prefill_chunk,
                 prefix_cache_mb=prefix_cache_mb,
+                rows=max_batch,
             )
         except ValueError as e:
             raise BackendError(f"{name}: {e}") from None
@@ -161,7 +162,7 @@ class HFBackend:
         static_cache: bool | None = None,
         split_prefill: bool | None = None,
         prefill_chunk: int = 128,
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float | None = None,
     ) -> HFBackend:
         """Load a tokenizer and model from a local directory or a Hugging Face hub id.
 

@@ -83,6 +83,29 @@ class _Prefilled:
     logits: Any
 
 
+PREFIX_TOKENS_PER_ROW = 1536
+"""Tokens of one negotiation's conversation the prompt store keeps room for: a chat template's prompt and most of
+an episode. Every live negotiation's conversation must fit, or each turn reads its whole conversation again (the
+store evicts the least recently used, and a batch's negotiations take their turns in the same order)."""
+MIN_PREFIX_MB, MAX_PREFIX_MB = 256.0, 3072.0
+
+
+def prefix_budget_mb(model: Any, rows: int) -> float:
+    """The prompt store's size for ``rows`` negotiations in flight: their conversations' key-value states at
+    :data:`PREFIX_TOKENS_PER_ROW` tokens each, between :data:`MIN_PREFIX_MB` and :data:`MAX_PREFIX_MB`."""
+    return min(MAX_PREFIX_MB, max(MIN_PREFIX_MB, rows * PREFIX_TOKENS_PER_ROW * kv_bytes_per_token(model) / 2**20))
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of key-value cache one token takes in every layer of ``model`` (from its config and dtype)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(config, "num_attention_heads", 1) or 1
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    size = getattr(getattr(model, "dtype", None), "itemsize", 4)
+    return int(config.num_hidden_layers * 2 * kv_heads * head_dim * size)
+
+
 def end_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     """Every id that ends a reply: the ids the model's generation config lists, then the tokenizer's EOS."""
     gen = getattr(model, "generation_config", None)
@@ -99,8 +122,9 @@ class GenerationEngine:
     ``static_cache`` preallocates the key-value cache of the ``generate`` path (default: on CPU, for models that
     support it); ``split_prefill`` chooses the read-alone, decode-together path (default: on CPU, wherever the
     model's cache allows it; True raises ValueError if it does not); ``prefill_chunk`` is its prompt-reading step and
-    ``prefix_cache_mb`` bounds its store of reusable prompt states (0 turns reuse off). Call :meth:`generate` from one
-    thread at a time."""
+    ``prefix_cache_mb`` bounds its store of reusable prompt states (0 turns reuse off; None: room for ``rows``
+    conversations of :data:`PREFIX_TOKENS_PER_ROW` tokens, see :func:`prefix_budget_mb`). Call :meth:`generate` from
+    one thread at a time."""
 
     def __init__(
         self,
@@ -111,8 +135,11 @@ class GenerationEngine:
         static_cache: bool | None = None,
         split_prefill: bool | None = None,
         prefill_chunk: int = 128,
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float | None = None,
+        rows: int = 32,
     ) -> None:
+        if prefix_cache_mb is None:
+            prefix_cache_mb = prefix_budget_mb(model, rows)
         if prefill_chunk < 1 or prefix_cache_mb < 0:
             raise ValueError(f"prefill_chunk must be >= 1, prefix_cache_mb >= 0: {prefill_chunk}, {prefix_cache_mb}")
         if not eos_ids:

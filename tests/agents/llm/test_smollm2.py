@@ -7,7 +7,6 @@ from the GGUF file during that conversion."""
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import logging
 import os
@@ -285,53 +284,6 @@ def test_without_the_package_a_cached_hub_copy_is_played(home, no_package, unrea
 # ------------------------------------------------------------------------------ the real model
 
 
-PROMPTS = ("Hello", 'The seller offers {"price": 120, "quantity": 5}.', "Twelve chairs, two-year warranty?")
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """One real conversion into a temporary ``$NEGO_HOME``, and the reference it must equal: the tokenizer and the
-    logits on :data:`PROMPTS` of the model that transformers loads from the GGUF file during that conversion
-    (``from_pretrained(folder, gguf_file=name)``), both taken as soon as they are loaded, before the conversion goes
-    on."""
-    import torch
-    import transformers
-
-    home = tmp_path_factory.mktemp("smollm2-home")
-    loaded: dict[str, object] = {}
-
-    def reference(obj):
-        if isinstance(obj, torch.nn.Module):
-            with torch.no_grad():
-                ids = [loaded["tok"](text, return_tensors="pt").input_ids for text in PROMPTS]
-                return {text: (i, obj.eval()(i).logits) for text, i in zip(PROMPTS, ids, strict=True)}
-        return copy.deepcopy(obj)  # the tokenizer as loaded, whatever the conversion does with its own
-
-    def spying(auto_class, key):
-        real = auto_class.from_pretrained
-
-        def from_pretrained(*args, **kwargs):
-            obj = real(*args, **kwargs)
-            if kwargs.get("gguf_file"):
-                loaded[key] = reference(obj)
-            return obj
-
-        return from_pretrained
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NEGO_HOME", str(home))
-        for auto_class, key in [(transformers.AutoTokenizer, "tok"), (transformers.AutoModelForCausalLM, "logits")]:
-            mp.setattr(auto_class, "from_pretrained", spying(auto_class, key))
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            folder = Path(smollm2.smollm2_source())
-        finally:
-            torch.set_num_threads(before)
-    assert set(loaded) == {"tok", "logits"}
-    return home, folder, loaded["logits"], loaded["tok"]
-
-
 CHAT = [
     {"role": "system", "content": "You sell office chairs. Reply with one JSON object."},
     {"role": "user", "content": 'Round 1 of 6. The buyer offers {"price": 80}. Your move?'},
@@ -353,8 +305,12 @@ def test_the_cached_folder_gives_the_logits_of_the_gguf_file(converted, one_torc
     with torch.no_grad():
         for text, (ids, expected) in gguf_logits.items():
             assert ids.tolist() == tok(text, return_tensors="pt").input_ids.tolist()
-            # float32 on both sides, the same weights and the same kernels: equal to within 1e-6 (in fact exactly)
-            torch.testing.assert_close(plain(ids).logits, expected, rtol=0, atol=1e-6)
+            # float32 on both sides and the same weights: equal up to the order of float additions, which depends
+            # on how the CPU's matrix kernels block tensors laid out differently in memory (exact on some machines,
+            # within 1e-4 of logits of size 10-30 on others), and the same next token everywhere
+            logits = plain(ids).logits
+            torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+            assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
 
 @real_model

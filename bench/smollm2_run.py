@@ -1,0 +1,97 @@
+"""The SmolLM2 learning run as a user runs it: `nego train --model smollm2` (its default run, or with the options
+given), then `nego eval` of the shipped model's warm start and trained model beside the reference rule sellers on a
+frozen suite. Prints and writes wall time, CPU time and peak memory of each command, the training log's phase lines
+and the evaluation's tables.
+
+    python bench/smollm2_run.py                                  # the default run, evaluated on eval-192
+    python bench/smollm2_run.py --train-args "--steps 1"         # the warm start and one GRPO step
+    python bench/smollm2_run.py --suite eval-1152 --train-args "--steps 40 --group-size 8 --use-vllm"   # on a GPU
+
+Each run gets a fresh ``$NEGO_HOME`` under ``--work`` (the converted SmolLM2 folder of the current ``$NEGO_HOME`` is
+linked into it when there is one, so nothing is converted twice), so the registered names never clash with a
+user's models. Exits non-zero when a command fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = re.compile(r"^(preflight|  episodes|  max_tokens|  finetune|  memory|warm start|registered|step \d+|done in)")
+
+
+def run(label: str, args: list[str], env: dict[str, str], lines: list[str], keep: re.Pattern | None) -> int:
+    """Run one command, echoing its output (all of it, or the lines ``keep`` matches) and its costs into ``lines``."""
+    lines.append(f"\n## {label}: {shlex.join(args)}")
+    print(lines[-1], flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if keep is None or keep.match(line) or line.startswith(("WARNING", "error", "warning")):
+            lines.append(line)
+            print(line, flush=True)
+    rc = proc.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    lines.append(
+        f"-> exit {rc}; wall {time.perf_counter() - t0:.0f} s, CPU {cpu:.0f} s, peak memory of the largest process "
+        f"so far {after.ru_maxrss / 2**20:.2f} GiB"
+    )
+    print(lines[-1], flush=True)
+    return rc
+
+
+def fresh_home(work: Path) -> Path:
+    """A new ``$NEGO_HOME`` under ``work``, with the current home's converted SmolLM2 folder linked in if present."""
+    from nego.agents.llm.backends.smollm2 import cache_folder
+
+    converted = cache_folder()
+    home = work / "home"
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    if converted.is_dir() and not (home / "models" / converted.name).exists():
+        (home / "models" / converted.name).symlink_to(converted.resolve(), target_is_directory=True)
+    return home
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train-args", default="", help="options added to `nego train --model smollm2`")
+    ap.add_argument("--suite", default="eval-192", help="suite of the evaluation ('none' to skip it)")
+    ap.add_argument("--eval-args", default="", help="options added to `nego eval`")
+    ap.add_argument("--work", type=Path, default=None, help="folder for the run's home, runs and evaluation")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "smollm2_run.txt")
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="nego-smollm2-"))
+    env = {**os.environ, "NEGO_HOME": str(fresh_home(work)), "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    nego = [sys.executable, "-m", "nego.cli.app"]
+    lines = [
+        f"# python bench/smollm2_run.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip(),
+        f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {os.cpu_count()} CPUs visible, work folder {work}",
+    ]
+    print("\n".join(lines), flush=True)
+    train = [*nego, "train", "--model", "smollm2", "--no-live", *shlex.split(args.train_args)]
+    rc = run("training", train, env, lines, PHASES)
+    if rc == 0 and args.suite != "none":
+        sellers = "smollm2-bc,smollm2-bc-rl"
+        evaluate = [*nego, "eval", "--sellers", sellers, "--suite", args.suite, "--out", str(work / "eval")]
+        rc = run("evaluation", [*evaluate, *shlex.split(args.eval_args)], env, lines, None)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"\nwritten to {args.out}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

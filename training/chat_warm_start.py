@@ -1,0 +1,121 @@
+"""The warm start of a chat model: rule sellers play the training split, each seller's side is rendered in exactly
+the conversation the model is played on, with the rule's moves as the model's replies, and the model learns to write
+those replies (behaviour cloning on the reply ids only; the prompts and updates are context).
+
+The rendering is the chat rollout's own (:func:`~.episode_lengths.render_episode`: the conversation template through
+the model's chat template, each reply recorded by a :class:`~.chat_rollout.ChatTrace`), so the ids a warm-started
+model is trained on are the prompt it receives at each turn followed by the reply it should write. Full fine-tuning,
+or LoRA adapters merged into the weights afterwards (``finetune = lora``), so that what is saved is a plain model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nego.market.marketplace import Played
+
+from .checkpoints import CUT_SHORT
+from .episode_lengths import render_episode
+from .policy_kind import Echo
+from .sft import Example, SFTResult, behaviour_clone
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .runner import EpisodeRunner
+
+
+@dataclass(frozen=True, slots=True)
+class ChatWarmStart:
+    """A warm-started chat model: the model, where it was saved and how many optimizer steps it took."""
+
+    model: Any
+    path: Path
+    steps: int
+
+
+def chat_examples(tokenizer: Any, played: Sequence[Played], template: str) -> list[Example]:
+    """Each played rule-seller negotiation as the seller's chat episode: prompt and updates as context (mask 0), the
+    rule's replies in the template's reply format as the ids to learn (mask 1, as the template writes them)."""
+    out = []
+    for p in played:
+        episode = render_episode(tokenizer, p.job.scenario, p.result, template=template)
+        out.append(Example(episode.prompt + episode.ids, [0] * len(episode.prompt) + episode.mask))
+    return out
+
+
+def chat_warm_start(
+    cfg: TrainConfig, model: Any, tokenizer: Any, run_dir: Path, runner: EpisodeRunner, echo: Echo, started: float
+) -> ChatWarmStart:
+    """``model`` behaviour-cloned on ``cfg.sft_episodes`` rule-seller episodes and saved in ``run_dir/base``; a base
+    an earlier attempt of the run saved is loaded instead."""
+    from .pool import BuyerPool
+    from .rollout import split_scenarios
+    from .sft import play_warm_start
+
+    base = run_dir / "base"
+    if (base / "config.json").exists():
+        echo(f"warm start: reusing {base}")
+        from transformers import AutoModelForCausalLM
+
+        cut = (base / CUT_SHORT).read_text().split("/")[0] if (base / CUT_SHORT).exists() else cfg.sft_steps
+        return ChatWarmStart(AutoModelForCausalLM.from_pretrained(base, dtype=model.dtype), base, int(cut))
+    scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
+    t0 = time.perf_counter()
+    played = play_warm_start(
+        scenarios,
+        cfg.sft_episodes,
+        cfg.sft_sellers,
+        BuyerPool(tuple(cfg.train_buyers)).rules(),
+        cfg.seed,
+        runner.market.writer,
+        cfg.sft_pick,
+        record=False,
+    )
+    examples = chat_examples(tokenizer, played, cfg.template_name)
+    tokens = sum(len(e.ids) for e in examples)
+    echo(
+        f"warm start: {len(examples)} rule-seller episodes ({tokens / len(examples):.0f} tokens each on average) "
+        f"in {time.perf_counter() - t0:.1f}s"
+    )
+    trained = _with_adapters(model, cfg) if cfg.finetune == "lora" else model
+    deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
+    r: SFTResult = behaviour_clone(
+        trained,
+        tokenizer,
+        examples,
+        steps=cfg.sft_steps,
+        lr=cfg.sft_lr,
+        batch=cfg.sft_batch,
+        seed=cfg.seed,
+        deadline=deadline,
+        echo=echo,
+        echo_every=10,
+    )
+    model = trained.merge_and_unload() if cfg.finetune == "lora" else trained
+    echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+    partial = run_dir / "base.partial"  # renamed into place once whole: a killed save leaves no base to reuse
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    if r.steps < cfg.sft_steps:
+        echo(
+            f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
+            f"{r.steps} of {cfg.sft_steps} steps"
+        )
+        (partial / CUT_SHORT).write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
+    os.replace(partial, base)
+    return ChatWarmStart(model, base, r.steps)
+
+
+def _with_adapters(model: Any, cfg: TrainConfig) -> Any:
+    from peft import get_peft_model
+
+    from .trainer import lora_config
+
+    return get_peft_model(model, lora_config(cfg.lora_rank))
