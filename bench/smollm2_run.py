@@ -31,7 +31,8 @@ PHASES = re.compile(r"^(preflight|  episodes|  max_tokens|  finetune|  memory|wa
 
 def run(label: str, args: list[str], env: dict[str, str], lines: list[str], keep: re.Pattern | None) -> int:
     """Run one command, echoing its output (all of it, or the lines ``keep`` matches) and its costs into ``lines``."""
-    lines.append(f"\n## {label}: {shlex.join(args)}")
+    shown = ["python" if a == sys.executable else a for a in args]
+    lines.append(f"\n## {label}: {shlex.join(shown)}")
     print(lines[-1], flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
