@@ -23,7 +23,7 @@ from nego.market.marketplace import Played
 from .checkpoints import CUT_SHORT
 from .episode_lengths import render_episode
 from .policy_kind import Echo
-from .sft import Example, SFTResult, behaviour_clone
+from .sft import Example, clone_for_run
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -84,31 +84,12 @@ def chat_warm_start(
         f"in {time.perf_counter() - t0:.1f}s"
     )
     trained = _with_adapters(model, cfg) if cfg.finetune == "lora" else model
-    deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
-    r: SFTResult = behaviour_clone(
-        trained,
-        tokenizer,
-        examples,
-        steps=cfg.sft_steps,
-        lr=cfg.sft_lr,
-        batch=cfg.sft_batch,
-        seed=cfg.seed,
-        deadline=deadline,
-        echo=echo,
-        echo_every=10,
-    )
-    model = trained.merge_and_unload() if cfg.finetune == "lora" else trained
-    echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
     partial = run_dir / "base.partial"  # renamed into place once whole: a killed save leaves no base to reuse
     shutil.rmtree(partial, ignore_errors=True)
+    r = clone_for_run(trained, tokenizer, examples, cfg, started, echo, partial / CUT_SHORT, echo_every=10)
+    model = trained.merge_and_unload() if cfg.finetune == "lora" else trained
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    if r.steps < cfg.sft_steps:
-        echo(
-            f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
-            f"{r.steps} of {cfg.sft_steps} steps"
-        )
-        (partial / CUT_SHORT).write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
     os.replace(partial, base)
     return ChatWarmStart(model, base, r.steps)
 

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -240,6 +241,42 @@ def behaviour_clone(
             echo(f"warm start: step {done}/{steps}, loss {last:.3f}, {time.perf_counter() - t0:.0f}s")
     model.eval()
     return SFTResult(done, first, last, time.perf_counter() - t0, len(traces))
+
+
+def clone_for_run(
+    model: Any,
+    tokenizer: Any,
+    traces: Sequence[CompactTrace] | Sequence[Example],
+    cfg: Any,
+    started: float,
+    echo: Any,
+    cut_short: Path,
+    echo_every: int = 50,
+) -> SFTResult:
+    """A run's warm start (:func:`behaviour_clone` with ``cfg``'s settings), said in ``echo``: it may use at most a
+    third of the run's time budget, so GRPO always gets the rest; cut short, it says so and writes ``cut_short``."""
+    deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
+    r = behaviour_clone(
+        model,
+        tokenizer,
+        traces,
+        steps=cfg.sft_steps,
+        lr=cfg.sft_lr,
+        batch=cfg.sft_batch,
+        seed=cfg.seed,
+        deadline=deadline,
+        echo=echo,
+        echo_every=echo_every,
+    )
+    echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
+    if r.steps < cfg.sft_steps:
+        echo(
+            f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
+            f"{r.steps} of {cfg.sft_steps} steps"
+        )
+        cut_short.parent.mkdir(parents=True, exist_ok=True)
+        cut_short.write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
+    return r
 
 
 def pad_id(tokenizer: Any) -> int:

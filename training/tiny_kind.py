@@ -115,7 +115,7 @@ def warm_start(
     from .checkpoints import CUT_SHORT
     from .pool import BuyerPool
     from .rollout import split_scenarios
-    from .sft import behaviour_clone, record_transcripts
+    from .sft import clone_for_run, record_transcripts
     from .tiny_model import build_tiny_model, parameter_count
     from .tokenizer import build_tokenizer
 
@@ -140,27 +140,7 @@ def warm_start(
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:
-        # the warm start may use at most a third of the time budget, so GRPO always gets the rest
-        deadline = started + cfg.time_budget_min * 20 if cfg.time_budget_min else None
-        r = behaviour_clone(
-            model,
-            tok,
-            traces,
-            steps=cfg.sft_steps,
-            lr=cfg.sft_lr,
-            batch=cfg.sft_batch,
-            seed=cfg.seed,
-            deadline=deadline,
-            echo=echo,
-        )
-        echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
-        if r.steps < cfg.sft_steps:
-            echo(
-                f"WARNING: the time cap (time_budget_min={cfg.time_budget_min:g}) cut the warm start short at "
-                f"{r.steps} of {cfg.sft_steps} steps"
-            )
-            base.mkdir(parents=True, exist_ok=True)
-            (base / CUT_SHORT).write_text(f"{r.steps}/{cfg.sft_steps} warm-start steps\n")
+        clone_for_run(model, tok, traces, cfg, started, echo, base / CUT_SHORT)
     model.save_pretrained(base)
     tok.save_pretrained(base)
     return model, tok
