@@ -167,17 +167,23 @@ weighs against the padding a split saves (small passes use the matrix kernels le
 CPU with the tiny model, 96 to 256 read a batch of 32 fastest, 8 and 32 clearly slower)."""
 
 
-def length_groups(lengths: Sequence[int], overhead: int = GROUP_OVERHEAD_TOKENS) -> list[list[int]]:
+def length_groups(
+    lengths: Sequence[int], overhead: int = GROUP_OVERHEAD_TOKENS, max_tokens: int | None = None
+) -> list[list[int]]:
     """The indices of ``lengths`` split into groups of similar length, so that the padded tokens a pass reads (rows x
     the group's longest) plus ``overhead`` per pass add up to the least: rows sorted by length, cut points by
-    dynamic programming (a batch of 32 takes a few hundred additions)."""
+    dynamic programming (a batch of 32 takes a few hundred additions). ``max_tokens`` caps the padded tokens of a
+    pass (what its activations hold in memory); a row longer than the cap gets a pass of its own."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     longest = [lengths[i] for i in order]
     best = [0] + [math.inf] * len(order)
     cut = [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
         for start in range(end):
-            cost = best[start] + (end - start) * longest[end - 1] + overhead
+            rows = end - start
+            if max_tokens is not None and rows > 1 and rows * longest[end - 1] > max_tokens:
+                continue
+            cost = best[start] + rows * longest[end - 1] + overhead
             if cost < best[end]:
                 best[end], cut[end] = cost, start
     groups, end = [], len(order)
@@ -200,14 +206,16 @@ def behaviour_clone(
     echo: Any = None,
     by_length: bool = True,
     echo_every: int = 50,
+    pass_tokens: int | None = None,
 ) -> SFTResult:
     """Next-token training on the sellers' own words (right-padded; warm-up then cosine decay): compact traces with
     the tiny model's tokenizer, or :class:`Example` s (any model: a chat model's rendered episodes).
 
-        Each step's batch is read in passes over rows of similar length (:func:`length_groups`), whose gradients add up
-        to the gradient of the whole batch's mean loss (``by_length=False`` reads it in one pass padded to its longest
-        row: the same step, slower). Stops early (and says so in the result) once ``time.perf_counter()`` passes
-        ``deadline``."""
+    Each step's batch is read in passes over rows of similar length (:func:`length_groups`), whose gradients add up
+    to the gradient of the whole batch's mean loss (``by_length=False`` reads it in one pass padded to its longest
+    row: the same step, slower); ``pass_tokens`` caps the padded tokens of one pass, which bounds the activations
+    held in memory (long chat episodes) at the same step. Stops early (and says so in the result) once
+    ``time.perf_counter()`` passes ``deadline``."""
     import torch
 
     t0 = time.perf_counter()
@@ -230,7 +238,7 @@ def behaviour_clone(
         if deadline is not None and time.perf_counter() > deadline:
             break
         idx = torch.randint(0, ids.size(0), (batch,), generator=gen)
-        last = _accumulate(model, ids[idx], att[idx], labels[idx], by_length, selective)
+        last = _accumulate(model, ids[idx], att[idx], labels[idx], by_length, selective, pass_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -252,6 +260,7 @@ def clone_for_run(
     echo: Any,
     cut_short: Path,
     echo_every: int = 50,
+    pass_tokens: int | None = None,
 ) -> SFTResult:
     """A run's warm start (:func:`behaviour_clone` with ``cfg``'s settings), said in ``echo``: it may use at most a
     third of the run's time budget, so GRPO always gets the rest; cut short, it says so and writes ``cut_short``."""
@@ -267,6 +276,7 @@ def clone_for_run(
         deadline=deadline,
         echo=echo,
         echo_every=echo_every,
+        pass_tokens=pass_tokens,
     )
     echo(f"warm start: {r.steps} SFT steps, loss {r.first_loss:.3f} -> {r.final_loss:.3f}, {r.seconds:.0f}s")
     if r.steps < cfg.sft_steps:
@@ -284,13 +294,21 @@ def pad_id(tokenizer: Any) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
-def _accumulate(model: Any, ids: Any, att: Any, labels: Any, by_length: bool, selective: bool = False) -> float:
+def _accumulate(
+    model: Any,
+    ids: Any,
+    att: Any,
+    labels: Any,
+    by_length: bool,
+    selective: bool = False,
+    pass_tokens: int | None = None,
+) -> float:
     """Backpropagate the batch's mean loss over its own tokens, pass by pass; returns that loss. ``selective``
     applies the output layer only where a token is trained (a chat model's vocabulary makes that layer a fifth of
     the compute, and most of an episode is prompt)."""
     lengths = att.sum(1)
     counted = max(1, int((labels[:, 1:] != -100).sum()))  # the tokens the model predicts (labels shift by one)
-    groups = length_groups(lengths.tolist()) if by_length else [list(range(len(lengths)))]
+    groups = length_groups(lengths.tolist(), max_tokens=pass_tokens) if by_length else [list(range(len(lengths)))]
     total = 0.0
     for group in groups:
         width = int(lengths[group].max())  # right padding: drop columns no row of this pass uses

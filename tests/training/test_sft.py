@@ -15,14 +15,16 @@ def cost(lengths, groups, overhead):
     return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
 
 
-def best_cost(lengths, overhead):
-    """Every way to cut the sorted lengths into runs, tried one by one."""
+def best_cost(lengths, overhead, max_tokens=None):
+    """Every way to cut the sorted lengths into runs (each within ``max_tokens`` unless a single row), one by one."""
     srt = sorted(lengths)
     n = len(srt)
     best = float("inf")
     for cuts in itertools.product([False, True], repeat=n - 1):
-        bounds = [0, *(i + 1 for i, c in enumerate(cuts) if c), n]
-        best = min(best, sum((b - a) * srt[b - 1] + overhead for a, b in itertools.pairwise(bounds)))
+        bounds = list(itertools.pairwise([0, *(i + 1 for i, c in enumerate(cuts) if c), n]))
+        if max_tokens is not None and any(b - a > 1 and (b - a) * srt[b - 1] > max_tokens for a, b in bounds):
+            continue
+        best = min(best, sum((b - a) * srt[b - 1] + overhead for a, b in bounds))
     return best
 
 
@@ -34,6 +36,15 @@ def test_length_groups_cover_the_batch_once_at_the_least_cost(lengths, overhead)
     assert all(g for g in groups)
     assert cost(lengths, groups, overhead) == best_cost(lengths, overhead)
     assert cost(lengths, groups, overhead) <= len(lengths) * max(lengths) + overhead  # never worse than one pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=9), st.integers(0, 400), st.integers(1, 900))
+def test_capped_passes_hold_at_most_the_cap_at_the_least_cost(lengths, overhead, cap):
+    groups = length_groups(lengths, overhead, max_tokens=cap)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert all(len(g) == 1 or len(g) * max(lengths[i] for i in g) <= cap for g in groups)
+    assert cost(lengths, groups, overhead) == best_cost(lengths, overhead, cap)
 
 
 def test_one_long_row_gets_a_pass_of_its_own():
@@ -68,13 +79,15 @@ def test_passes_by_length_add_up_to_the_gradient_of_one_padded_pass(traces):
     lengths = att.sum(1).tolist()
     assert max(lengths) > 2 * min(lengths) and len(length_groups(lengths)) > 1  # a batch worth splitting
     seen = {}
-    for by_length in (True, False):
+    for arm, by_length, cap in (("lengths", True, None), ("one pass", False, None), ("capped", True, max(lengths))):
         model.zero_grad(set_to_none=True)
-        loss = _accumulate(model, ids, att, labels, by_length)
-        seen[by_length] = loss, [p.grad.clone() for p in model.parameters()]
-    assert seen[True][0] == pytest.approx(seen[False][0], rel=1e-6)
-    for a, b in zip(seen[True][1], seen[False][1], strict=True):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+        loss = _accumulate(model, ids, att, labels, by_length, pass_tokens=cap)
+        seen[arm] = loss, [p.grad.clone() for p in model.parameters()]
+    assert len(length_groups(lengths, max_tokens=max(lengths))) >= len(lengths) // 2  # the cap splits it further
+    for arm in ("lengths", "capped"):
+        assert seen[arm][0] == pytest.approx(seen["one pass"][0], rel=1e-6)
+        for a, b in zip(seen[arm][1], seen["one pass"][1], strict=True):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
     # whole runs: the same losses step by step (Adam's first steps magnify float noise in near-zero gradients, so
     # the weights are compared through the losses they give)
     runs = [

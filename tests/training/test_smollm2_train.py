@@ -7,9 +7,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from nego.cli.app import app
-from nego.market.transcripts import read_negotiations
+from nego.market.transcripts import read_negotiations, read_turns
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +51,23 @@ def test_a_short_smollm2_run_registers_a_warm_start_and_a_trained_model_that_pla
     scenario = tmp_path / "bike.toml"
     text = (ROOT / "scenarios" / "data" / "used_bike.toml").read_text()
     scenario.write_text(text.replace("max_rounds = 6", "max_rounds = 2"))
+    common = ["--days", "1", "--negotiations", "1", "--scenarios", str(scenario), "--no-live"]
+    common += ["--max-tokens", "16", "--max-retries", "0"]  # the shipped model writes prose: keep its turns short
     out = tmp_path / "sim"
-    args = ["--buyers", "tft", "--days", "1", "--negotiations", "1", "--scenarios", str(scenario), "--out", str(out)]
-    args += ["--max-tokens", "16", "--max-retries", "0"]  # the shipped model writes prose: keep its turns short
-    played = CliRunner().invoke(app, ["simulate", "--sellers", "smollm2-bc-rl", *args, "--no-live"])
+    played = CliRunner().invoke(
+        app, ["simulate", "--sellers", "smollm2-bc-rl", "--buyers", "tft", *common, "--out", str(out)]
+    )
     assert played.exit_code == 0, played.output
     neg = read_negotiations(out, latest=True)
     assert set(neg["seller"]) == {"smollm2-bc-rl"} and neg.height == 1
     assert (neg["end_reason"] != "error").all()
+    # the model as shipped in the buyer seat, against the trained seller: both sides' turns come from a model
+    out = tmp_path / "sim-buyer"
+    both = CliRunner().invoke(
+        app, ["simulate", "--sellers", "smollm2-bc-rl", "--buyers", "smollm2", *common, "--out", str(out)]
+    )
+    assert both.exit_code == 0, both.output
+    neg = read_negotiations(out, latest=True)
+    assert (neg["buyer"] == "smollm2").all() and (neg["end_reason"] != "error").all()
+    buyer_turns = read_turns(out, latest=True).filter(pl.col("role") == "buyer")
+    assert buyer_turns.height > 0 and (buyer_turns["completion_tokens"] > 0).all()
