@@ -147,7 +147,7 @@ async def _turn(game: _Game, agent: Negotiator, role: Role, rnd: int, cfg: Proto
             return game.result(EndReason.ERROR, rnd, role, error=f"{role} did not act within {cfg.turn_timeout_s} s")
         except Exception as e:  # a failing backend ends this negotiation, never the market
             return game.result(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
-        feedback, action = _judge(game.scenario, action, game.standing, game.standing_by, role)
+        feedback, action = judge(game.scenario, action, game.standing, game.standing_by, role)
         game.record(rnd, role, attempt, action, feedback)
         if feedback is not None:
             continue
@@ -258,7 +258,7 @@ class _Game:
         )
 
 
-def _judge(
+def judge(
     scenario: Scenario, action: Action, standing: Offer | None, standing_by: Role | None, role: Role
 ) -> tuple[str | None, Action]:
     """(feedback, action): feedback is None if the action is legal now; a legal offer comes back normalised."""

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from nego.agents.llm.prompts import load_template
 from nego.market.marketplace import Played
 
 from .checkpoints import CUT_SHORT
 from .episode_lengths import render_episode
 from .policy_kind import Echo
+from .repairs import with_repairs
 from .sft import Example, clone_for_run
 
 if TYPE_CHECKING:
@@ -46,12 +49,21 @@ class ChatWarmStart:
     steps: int
 
 
-def chat_examples(tokenizer: Any, played: Sequence[Played], template: str) -> list[Example]:
+def chat_examples(
+    tokenizer: Any, played: Sequence[Played], template: str, *, repairs: float = 0.0, seed: int = 0
+) -> list[Example]:
     """Each played rule-seller negotiation as the seller's chat episode: prompt and updates as context (mask 0), the
-    rule's replies in the template's reply format as the ids to learn (mask 1, as the template writes them)."""
+    rule's replies in the template's reply format as the ids to learn (mask 1, as the template writes them).
+    ``repairs``: the share of offers first shown as an invalid reply and its feedback (:func:`.repairs.with_repairs`,
+    drawn from ``seed``)."""
+    tmpl = load_template(template)
+    rng = np.random.default_rng([seed, 7])
     out = []
     for p in played:
-        episode = render_episode(tokenizer, p.job.scenario, p.result, template=template)
+        result = p.result
+        if repairs:
+            result = with_repairs(p.job.scenario, result, repairs, rng, prompt_id=tmpl.id, line=tmpl.line_replies)
+        episode = render_episode(tokenizer, p.job.scenario, result, template=template)
         out.append(Example(episode.prompt + episode.ids, [0] * len(episode.prompt) + episode.mask))
     return out
 
@@ -84,11 +96,12 @@ def chat_warm_start(
         cfg.sft_pick,
         record=False,
     )
-    examples = chat_examples(tokenizer, played, cfg.template_name)
+    examples = chat_examples(tokenizer, played, cfg.template_name, repairs=cfg.sft_repairs, seed=cfg.seed)
     tokens = sum(len(e.ids) for e in examples)
+    repaired = f", {cfg.sft_repairs:.0%} of offers first written invalid and repaired" if cfg.sft_repairs else ""
     echo(
-        f"warm start: {len(examples)} rule-seller episodes ({tokens / len(examples):.0f} tokens each on average) "
-        f"in {time.perf_counter() - t0:.1f}s"
+        f"warm start: {len(examples)} rule-seller episodes ({tokens / len(examples):.0f} tokens each on average"
+        f"{repaired}) in {time.perf_counter() - t0:.1f}s"
     )
     trained = _with_adapters(model, cfg) if cfg.finetune == "lora" else model
     partial = run_dir / "base.partial"  # renamed into place once whole: a killed save leaves no base to reuse

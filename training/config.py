@@ -140,6 +140,11 @@ class TrainConfig:
         "which rule-seller episodes the warm start imitates: 'mixture' (each episode by one of sft_sellers, drawn) "
         "or 'best' (every seller plays each episode; the one with the highest seller utility is kept)",
     )
+    sft_repairs: float = _f(
+        0.0,
+        "share of the warm start's seller offers shown first as an invalid reply, with the protocol's feedback on "
+        "it, before the valid one (chat models; the invalid reply is context, the correction is learned)",
+    )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
     threads: int = _f(0, THREADS_HELP)
     time_budget_min: float = _f(
@@ -217,6 +222,7 @@ class TrainConfig:
             (self.sft_steps >= -1 and self.sft_episodes >= 0, "sft_steps must be >= -1 and sft_episodes >= 0"),
             (self.sft_lr >= 0 and self.sft_batch >= 0, "sft_lr and sft_batch must be >= 0 (0 = auto)"),
             (bool(self.sft_sellers), "sft_sellers must name at least one rule-based seller"),
+            (0 <= self.sft_repairs <= 1, "sft_repairs must be in [0, 1]"),
             (self.sft_pick in SFT_PICKS, f"sft_pick must be one of {', '.join(SFT_PICKS)}, got {self.sft_pick!r}"),
             (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
         ]

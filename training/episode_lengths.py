@@ -106,7 +106,8 @@ def render_episode(
     template: str = CHAT_TEMPLATE,
 ) -> ChatEpisode:
     """``role``'s side of a played negotiation as chat token ids, laid out exactly as the chat rollout lays out
-    a live one whose model wrote these replies."""
+    a live one whose model wrote these replies. An invalid reply (a repair example's, :mod:`.repairs`) is masked out:
+    what follows its feedback is the reply to learn."""
     tmpl = load_template(template)
     eos = eos_id(tokenizer)
     trace = ChatTrace()
@@ -114,8 +115,8 @@ def render_episode(
     for obs, turn in observations(scenario, result, role):
         trace.extend(chat_ids(tokenizer, chat_messages(tmpl, exchanges, obs, tools=False)))
         text = reply_text(turn.action, line=tmpl.line_replies)
-        reply = (*tokenizer.encode(text, add_special_tokens=False), eos)
-        trace.generated(Generated(reply, (0.0,) * len(reply), True))
+        reply = (*tokenizer.encode(text, add_special_tokens=False), eos) if turn.valid else ()
+        trace.generated(Generated(reply, (0.0,) * len(reply), True))  # an invalid reply is context only
         exchanges.append(Exchange(obs, text))
     episode = trace.close((eos,), eos)
     return ChatEpisode(list(episode.prompt_ids), list(episode.completion_ids), list(episode.mask), len(exchanges))

@@ -63,6 +63,8 @@ class TinyKind:
 
         if cfg.finetune == "lora":
             raise ConfigError("finetune: the tiny model trains fully (lora is for real models)")
+        if cfg.sft_repairs:
+            raise ConfigError("sft_repairs: repair examples are for the warm start of chat models")
 
     def resolve(self, cfg: TrainConfig) -> TrainConfig:
         """The tiny model is not planned: it trains on a CPU, fully, with its own episode cap and warm start."""
