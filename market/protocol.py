@@ -102,7 +102,7 @@ def check_values(values: Mapping[str, object], issues: tuple[Issue, ...]) -> tup
                 problems.append(str(e))
     if problems:
         return None, "; ".join(problems)
-    return Offer(normalised), None
+    return Offer.known_valid(normalised, issues), None  # every value just validated for these issues
 
 
 async def run_negotiation(

@@ -87,8 +87,7 @@ def loads_bounded(text: str) -> Any:
     """``json.loads`` for untrusted text: raises :class:`JSONLimitError` if it nests deeper than
     :data:`MAX_DEPTH`, ``json.JSONDecodeError`` if it is not JSON; over-long numbers become
     :class:`OversizedNumber`."""
-    depth = nesting_depth(text)
-    if depth > MAX_DEPTH:
+    if text.count("{") + text.count("[") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:  # few openers: shallow
         raise JSONLimitError(f"nested more than {MAX_DEPTH} levels deep")
     return _DECODER.decode(text)
 

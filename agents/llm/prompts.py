@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -101,6 +103,16 @@ class PromptTemplate:
         return any("reply_line" in t.get_identifiers() for t in (self.system, self.user))
 
     @property
+    def turn_fields_used(self) -> frozenset[str]:
+        """The turn fields the system and user sections use (only those are computed for a turn)."""
+        return _turn_fields_used((self.system, self.user))
+
+    @property
+    def update_fields_used(self) -> frozenset[str]:
+        """The turn fields the update section uses."""
+        return _turn_fields_used((self.update,) if self.update is not None else ())
+
+    @property
     def conversational(self) -> bool:
         """True when a negotiation is one growing conversation (the template has an ``[update]`` section), False when
         every turn is a fresh system and user message."""
@@ -116,7 +128,7 @@ class PromptTemplate:
             if set(self.system.get_identifiers()) <= STATIC_FIELDS:
                 system = ChatMessage("system", _tidy(self.system.substitute(static)))
             cache.system = (self, system)
-        values = {**static, **turn_fields(obs, cache)}
+        values = {**static, **turn_fields(obs, cache, self.turn_fields_used)}
         return (
             cache.system[1] or ChatMessage("system", _tidy(self.system.substitute(values))),
             ChatMessage("user", _tidy(self.user.substitute(values))),
@@ -129,8 +141,14 @@ class PromptTemplate:
         if self.update is None:
             raise TemplateError(f"template {self.name!r} has no [update] section: it renders every turn afresh")
         cache = cache if cache is not None else RenderCache()
-        values = {**cache.static(obs.scenario, tools), **turn_fields(obs, cache), **update_fields(before, obs)}
+        fields = self.update_fields_used
+        values = {**cache.static(obs.scenario, tools), **turn_fields(obs, cache, fields), **update_fields(before, obs)}
         return ChatMessage("user", _tidy(self.update.substitute(values)))
+
+
+@lru_cache(maxsize=256)
+def _turn_fields_used(sections: tuple[Template, ...]) -> frozenset[str]:
+    return frozenset(i for t in sections for i in t.get_identifiers()) - STATIC_FIELDS
 
 
 class RenderCache:
@@ -138,11 +156,13 @@ class RenderCache:
     that uses only them, and the history lines already rendered (the history only grows). Everything is
     rebuilt when the scenario view or the tools setting changes, so a cache can never mix two negotiations."""
 
-    __slots__ = ("_key", "_static", "lines", "moves", "system")
+    __slots__ = ("_key", "_offers", "_scorer", "_static", "lines", "moves", "system")
 
     def __init__(self) -> None:
         self._key: tuple[ScenarioView, bool] | None = None
         self._static: dict[str, str] = {}
+        self._scorer: tuple[ScenarioView, Callable[[Offer], float]] | None = None
+        self._offers: dict[int, tuple[Offer, str, float]] = {}
         self.system: tuple[PromptTemplate, ChatMessage | None] | None = None
         self.moves: list[PublicMove] = []
         self.lines: list[str] = []
@@ -154,6 +174,16 @@ class RenderCache:
             self.system, self.moves, self.lines = None, [], []
         return self._static
 
+    def offer_text(self, offer: Offer, view: ScenarioView) -> tuple[str, float]:
+        """(:func:`describe_offer`, ``view.utility(offer)``: the same float), computed once per offer object while the
+        view stays the same (the cache keeps each offer alive, so its id is not reused meanwhile)."""
+        if self._scorer is None or self._scorer[0] is not view:
+            self._scorer, self._offers = (view, view.preferences.scorer(view.issues)), {}
+        hit = self._offers.get(id(offer))
+        if hit is None:
+            hit = self._offers[id(offer)] = (offer, describe_offer(offer, view), self._scorer[1](offer))
+        return hit[1], hit[2]
+
     def history_lines(self, history: tuple[PublicMove, ...], view: ScenarioView) -> list[str]:
         kept = 0
         for cached, move in zip(self.moves, history, strict=False):
@@ -163,7 +193,7 @@ class RenderCache:
         del self.moves[kept:], self.lines[kept:]
         for move in history[kept:]:
             self.moves.append(move)
-            self.lines.append(_move_line(move, view))
+            self.lines.append(_move_line(move, view, self))
         return self.lines
 
 
@@ -250,24 +280,41 @@ def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
     }
 
 
-def turn_fields(obs: Observation, cache: RenderCache | None = None) -> dict[str, str]:
-    """The fields that change from turn to turn (``cache``: reuse history lines rendered for earlier turns)."""
-    view = obs.scenario
-    return {
-        "round": str(obs.round),
-        "rounds_left": str(obs.rounds_left),
-        "rounds_left_text": "this is your last turn"
-        if obs.is_last_turn
-        else f"{obs.rounds_left} rounds left including this one",
-        "history": _history(obs.history, view, cache),
-        "standing_offer": _standing(obs.standing_offer, view),
-        "trend": (trend + "\n") if (trend := trend_sentence(obs.history, view)) else "",
-        "feedback": (
-            f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
-            if obs.feedback
-            else ""
-        ),
-    }
+def turn_fields(
+    obs: Observation, cache: RenderCache | None = None, fields: frozenset[str] | None = None
+) -> dict[str, str]:
+    """The fields that change from turn to turn (``cache``: reuse history lines rendered for earlier turns);
+    ``fields``: only these (the ones a template uses), else all."""
+    wanted = TURN_FIELDS if fields is None else fields
+    return {name: _TURN_FIELD[name](obs, cache) for name in wanted if name in _TURN_FIELD}
+
+
+def _rounds_left_text(obs: Observation, cache: RenderCache | None) -> str:
+    return "this is your last turn" if obs.is_last_turn else f"{obs.rounds_left} rounds left including this one"
+
+
+def _trend(obs: Observation, cache: RenderCache | None) -> str:
+    trend = trend_sentence(obs.history, obs.scenario)
+    return trend + "\n" if trend else ""
+
+
+def _feedback_field(obs: Observation, cache: RenderCache | None) -> str:
+    if not obs.feedback:
+        return ""
+    return f"Your previous reply was not a valid move: {obs.feedback}\nReply again with one valid move.\n"
+
+
+_TURN_FIELD = {
+    "round": lambda obs, cache: str(obs.round),
+    "rounds_left": lambda obs, cache: str(obs.rounds_left),
+    "rounds_left_text": _rounds_left_text,
+    "history": lambda obs, cache: _history(obs.history, obs.scenario, cache),
+    "standing_offer": lambda obs, cache: _standing(obs.standing_offer, obs.scenario, cache),
+    "trend": _trend,
+    "feedback": _feedback_field,
+}
+TURN_FIELDS = frozenset(_TURN_FIELD)
+"""The fields computed per turn: every field outside :data:`STATIC_FIELDS`."""
 
 
 def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
@@ -329,10 +376,11 @@ def _history(history: tuple[PublicMove, ...], view: ScenarioView, cache: RenderC
     return "\n".join(_move_line(move, view) for move in history)
 
 
-def _move_line(move: PublicMove, view: ScenarioView) -> str:
+def _move_line(move: PublicMove, view: ScenarioView, cache: RenderCache | None = None) -> str:
     who = f"{move.role.value} (you)" if move.role is view.role else move.role.value
     if move.kind is ActionKind.OFFER and move.offer is not None:
-        what = f"offered {describe_offer(move.offer, view)} (worth {view.utility(move.offer):.2f} to you)"
+        text, worth = _offer_text(move.offer, view, cache)
+        what = f"offered {text} (worth {worth:.2f} to you)"
     elif move.kind is ActionKind.ACCEPT:
         what = "accepted"
     else:
@@ -367,14 +415,18 @@ def _terms(view: ScenarioView) -> str:
     return "\n".join(lines)
 
 
-def _standing(offer: Offer | None, view: ScenarioView) -> str:
+def _offer_text(offer: Offer, view: ScenarioView, cache: RenderCache | None) -> tuple[str, float]:
+    if cache is not None:
+        return cache.offer_text(offer, view)
+    return describe_offer(offer, view), view.utility(offer)
+
+
+def _standing(offer: Offer | None, view: ScenarioView, cache: RenderCache | None = None) -> str:
     other = view.role.other.value
     if offer is None:
         return f"There is no offer from the {other} on the table, so you cannot accept now."
-    return (
-        f"The {other}'s offer on the table: {describe_offer(offer, view)}. "
-        f"It is worth {view.utility(offer):.2f} to you."
-    )
+    text, worth = _offer_text(offer, view, cache)
+    return f"The {other}'s offer on the table: {text}. It is worth {worth:.2f} to you."
 
 
 def _reply_format(view: ScenarioView, tools: bool) -> str:
@@ -407,4 +459,6 @@ def _value_hint(issue) -> str:
 
 def _tidy(text: str) -> str:
     # empty optional fields leave runs of blank lines behind
-    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text.strip() + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from nego.agents.llm.backends.anthropic_backend import AnthropicBackend
@@ -10,7 +11,7 @@ from nego.agents.llm.backends.limits import RetryPolicy
 from nego.agents.llm.backends.openai_backend import OpenAIBackend
 from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.llm.parsing import read_envelope
-from nego.agents.llm.prompts import FIELDS, TemplateError, load_template, parse_template
+from nego.agents.llm.prompts import FIELDS, TemplateError, builtin_templates, load_template, parse_template
 from nego.market.protocol import ProtocolConfig, run_negotiation
 from nego.market.types import ActionKind, EndReason, Observation
 from nego.scenarios.scenario import Role
@@ -110,8 +111,14 @@ def test_prompt_shows_own_priorities_feedback_and_the_reply_format():
     assert "calling exactly one of the tools make_offer, accept, walk_away" in system.content
 
 
-async def test_cached_rendering_is_the_same_text_as_rendering_afresh():
-    from nego.agents.llm.prompts import RenderCache
+def _blank_runs_closed(text: str) -> str:
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+@pytest.mark.parametrize("name", builtin_templates())
+async def test_cached_rendering_is_the_same_text_as_rendering_afresh(name):
+    """With every built-in template (each uses its own set of turn fields, only those are computed)."""
+    from nego.agents.llm.prompts import RenderCache, prompt_fields
     from nego.agents.registry import resolve
 
     seen: dict[Role, list[Observation]] = {Role.SELLER: [], Role.BUYER: []}
@@ -127,7 +134,7 @@ async def test_cached_rendering_is_the_same_text_as_rendering_afresh():
     scenario = make_widget_scenario(seller_brief="Keep $$ margins.", max_rounds=8)
     seller, buyer = resolve("boulware"), resolve("conceder")
     await run_negotiation(scenario, Recording(seller(Role.SELLER, 1)), Recording(buyer(Role.BUYER, 2)))
-    template, cache = load_template(), RenderCache()
+    template, cache = load_template(name), RenderCache()
     # one cache across both sides, both tool settings and a rebuilt (equal, not identical) history
     sequence = [(o, t) for o in seen[Role.SELLER] for t in (True, False)] + [(o, False) for o in seen[Role.BUYER]]
     last = seen[Role.BUYER][-1]
@@ -135,6 +142,9 @@ async def test_cached_rendering_is_the_same_text_as_rendering_afresh():
     assert len(sequence) > 12 and len(last.history) > 4
     for obs, tools in sequence:
         assert template.render(obs, tools=tools, cache=cache) == template.render(obs, tools=tools)
+        every = prompt_fields(obs, tools=tools)  # all fields, none skipped
+        expected = [_blank_runs_closed(section.substitute(every)) for section in (template.system, template.user)]
+        assert [m.content for m in template.render(obs, tools=tools, cache=cache)] == expected
 
 
 def test_template_override_from_a_file_and_its_errors(tmp_path):
