@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from nego.scenarios.scenario import Role, Scenario
 
+from .collector import paced_collection
 from .events import EventBus, NegotiationEnded, NegotiationStarted, RunFinished, TurnPlayed
 from .protocol import Negotiator, ProtocolConfig, run_negotiation
 from .types import ActionKind, EndReason, NegotiationResult, Outcome, Turn
@@ -225,10 +226,11 @@ class Marketplace:
         # the writer's index answers per job, so a run costs O(jobs) however much the directory already holds
         attempts = [self._attempt(j, writer, counts) for j in jobs] if writer is not None else [0] * len(jobs)
         try:
-            if self.pool is None:
-                played = await self._play_here(jobs, attempts, counts)
-            else:
-                played = await self._play_in_workers(self.pool, jobs, attempts, counts)
+            with paced_collection():
+                if self.pool is None:
+                    played = await self._play_here(jobs, attempts, counts)
+                else:
+                    played = await self._play_in_workers(self.pool, jobs, attempts, counts)
         finally:
             if self.writer is not None:
                 self.writer.flush()
