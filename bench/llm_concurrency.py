@@ -9,7 +9,8 @@ and ``sdk``, the ``openai`` package on its aiohttp transport):
   client, prompts rendered, replies parsed, retries and limits in place), all N at once;
 - bare: N coroutines at once, each sending one negotiation's worth of requests through the same client one after
   another (the very requests the market sends, recorded in an untimed run first and replayed with the same client
-  settings), and nothing else.
+  settings), and nothing else; the garbage collector paced as a market run paces it
+  (:mod:`nego.market.collector`), so the two arms differ only in the market's own work.
 
 The arms alternate (market and bare of each client, every repeat), so load from other jobs falls on all of them.
 Printed: the best client CPU per call of each bare loop (this process only; the server runs elsewhere), the lean
@@ -38,6 +39,7 @@ import openai
 from nego.agents.llm.backends.limits import RateLimits
 from nego.agents.llm.backends.openai_lean import WireClient
 from nego.agents.model_specs import LLMSettings, resolve_model_spec
+from nego.market.collector import paced_collection
 from nego.market.marketplace import Job, Marketplace
 from nego.market.types import EndReason
 from nego.scenarios.issues import Issue, IssueKind
@@ -131,7 +133,8 @@ async def run_bare(client: str, calls: list[int], sent: list[dict], url: str, co
                 await create(**kwargs)
 
     start, cpu = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(one(f, n) for f, n in zip(starts, calls, strict=True)))
+    with paced_collection():  # the collector as a market run paces it, so the arms differ only in the market's work
+        await asyncio.gather(*(one(f, n) for f, n in zip(starts, calls, strict=True)))
     wall = time.perf_counter() - start, time.process_time() - cpu
     await closable.close()
     return wall
