@@ -4,8 +4,8 @@ A market holds many negotiations in flight at once, each suspended across its aw
 futures alive. CPython's collector runs its youngest generation every 700 net container allocations, so during a
 run it keeps finding those in-flight objects alive, promotes them, and traverses them again one generation up: with
 a thousand concurrent LLM negotiations that was about a third of the market's own CPU (ad hoc). Run less often, it
-finds most of them already freed by reference counting. Nothing is collected later than a few seconds, and what a
-run computes does not depend on when the collector runs.
+finds most of them already freed by reference counting. Cyclic garbage then waits for up to 50,000 allocations
+instead of 700 before it is freed; what a run computes does not depend on when the collector runs.
 """
 
 from __future__ import annotations
