@@ -9,7 +9,8 @@ Conceder buyer (e=2). ``--space small`` has 6,000 outcomes (delivery {1,7,13,19,
 nego plays through ``run_negotiation`` with agents from the registry (``timedep:e=...,clock=negmas``: the same
 time-dependent strategy with NegMAS's relative time t = round / (rounds + 1)); NegMAS plays its
 ``AspirationNegotiator`` (exponent 1/e, tolerance 1e-9) in ``SAOMechanism``. Each engine runs in its own
-subprocess (NegMAS from its own virtualenv); speed is negotiations per CPU-second (``time.process_time``).
+subprocess (NegMAS from its own virtualenv); speed is negotiations per CPU-second (``time.process_time``). The
+virtualenv, once: ``python3.11 -m venv bench/.venv-negmas && bench/.venv-negmas/bin/pip install negmas==0.16.0``.
 
     python bench/throughput.py                       # both engines, both spaces, prints a report
     python bench/throughput.py --engine nego --space small -n 2000    # one engine, JSON lines on stdout
