@@ -173,3 +173,10 @@ def test_negotiator_refuses_the_other_sides_observation_and_unsupported_tools():
         import asyncio
 
         asyncio.run(neg.act(_obs(Role.BUYER)))
+
+
+def test_every_field_is_computed_either_once_per_negotiation_or_per_turn():
+    """A field in neither set would never be filled in (rendering computes only the turn fields a template uses)."""
+    from nego.agents.llm.prompts import STATIC_FIELDS, TURN_FIELDS
+
+    assert set(FIELDS) - STATIC_FIELDS == TURN_FIELDS and not TURN_FIELDS & STATIC_FIELDS
