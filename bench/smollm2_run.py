@@ -1,7 +1,8 @@
 """The SmolLM2 learning run as a user runs it: `nego train --model smollm2` (its default run, or with the options
 given), then `nego eval` of the shipped model's warm start and trained model beside the reference rule sellers on a
 frozen suite. Prints and writes wall time, CPU time and peak memory of each command, the training log's phase lines
-and the evaluation's tables.
+(each with the peak resident memory of the training process since the line before it, sampled twice a second, so
+the warm start, each GRPO stretch and each dev evaluation show what they held at most) and the evaluation's tables.
 
     python bench/smollm2_run.py                                  # the default run, evaluated on eval-192
     python bench/smollm2_run.py --train-args "--steps 1"         # the warm start and one GRPO step
@@ -15,6 +16,7 @@ user's models. Exits non-zero when a command fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import resource
@@ -22,11 +24,64 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = re.compile(r"^(preflight|  episodes|  max_tokens|  finetune|  memory|warm start|registered|step \d+|done in)")
+PHASES = re.compile(
+    r"^(preflight|  episodes|  max_tokens|  finetune|  memory|warm start|registered|step \d+|done in"
+    r"|  dev buyer|  \S+ +[\d.]+ / [\d.]+ / )"  # and each dev evaluation's table
+)
+
+
+class PeakMemory:
+    """Samples the resident memory of a process and its children twice a second; :meth:`take` returns the peak since
+    the last call (what one phase of the run used at most) and starts the next interval."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._proc = psutil.Process(pid)
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _rss(self) -> int:
+        import psutil
+
+        total = 0
+        for p in (self._proc, *self._proc.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
+                total += p.memory_info().rss
+        return total
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._done.wait(0.5):
+            try:
+                rss = self._rss()
+            except psutil.Error:
+                return
+            with self._lock:
+                self._peak = max(self._peak, rss)
+
+    def take(self) -> int:
+        import psutil
+
+        with self._lock:
+            peak, self._peak = self._peak, 0
+        if peak == 0:  # no sample fell in the interval: what it holds now
+            with contextlib.suppress(psutil.Error):
+                peak = self._rss()
+        return peak
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def run(label: str, args: list[str], env: dict[str, str], lines: list[str], keep: re.Pattern | None) -> int:
@@ -38,12 +93,16 @@ def run(label: str, args: list[str], env: dict[str, str], lines: list[str], keep
     t0 = time.perf_counter()
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     assert proc.stdout is not None
+    memory = PeakMemory(proc.pid)
     for line in proc.stdout:
-        line = line.rstrip("\n")
+        line = line.rstrip("\n").replace(env["NEGO_HOME"], "$NEGO_HOME")  # the run's home is a scratch folder
         if keep is None or keep.match(line) or line.startswith(("WARNING", "error", "warning")):
+            if keep is not None:  # a phase line: how much memory the phase it closes held at most
+                line = f"{line}  [peak RSS {memory.take() / 2**30:.2f} GiB]"
             lines.append(line)
             print(line, flush=True)
     rc = proc.wait()
+    memory.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     lines.append(
@@ -79,7 +138,7 @@ def main() -> int:
     nego = [sys.executable, "-m", "nego.cli.app"]
     lines = [
         f"# python bench/smollm2_run.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}".rstrip(),
-        f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {os.cpu_count()} CPUs visible, work folder {work}",
+        f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {os.cpu_count()} CPUs visible",
     ]
     print("\n".join(lines), flush=True)
     train = [*nego, "train", "--model", "smollm2", "--no-live", *shlex.split(args.train_args)]
