@@ -58,9 +58,11 @@ _FAMILIES: dict[str, _Family] = {
             "clock": _Param(str, "own", tuple(c.value for c in Clock)),
             "margin": _Param(float, 0.0),
             "patience": _Param(float, 1.0),
+            "step": _Param(float, 0.0),
         },
         "time-dependent concession u(t) = 1 - (1 - rv) t^(1/e); e < 1 Boulware, e > 1 Conceder; "
-        "margin raises its floor to rv + margin; it walks away once relative time exceeds patience",
+        "margin raises its floor to rv + margin; it walks away once relative time exceeds patience; "
+        "each offer concedes at least step from its previous one",
     ),
     "tft": _Family(TitForTat, {"k": _Param(float, 1.0)}, "relative tit-for-tat: mirrors the opponent's concessions"),
     "hardliner": _Family(

@@ -22,6 +22,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_gain import DEV_BUYERS, paired_gain
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated specs, where a piece ``key=value`` (no colon) is one more parameter of the spec before it:
+    ``tft,timedep:e=0.2,step=0.02`` is ``["tft", "timedep:e=0.2,step=0.02"]``."""
+    specs: list[str] = []
+    for piece in filter(None, text.split(",")):
+        if specs and "=" in piece and ":" not in piece:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated registered compact models")
@@ -43,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
-    rules = [r for r in args.rules.split(",") if r]
+    rules = split_specs(args.rules)
     missing = [m for m in models if lookup(m) is None]
     if missing:
         print(f"error: model(s) {', '.join(missing)} not registered", file=sys.stderr)

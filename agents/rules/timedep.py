@@ -17,7 +17,10 @@ Two optional parameters make it a less predictable opponent (used for training p
 - ``patience`` in (0, 1]: once relative time exceeds it, the negotiator walks away instead of making an
   offer (it still accepts a standing offer that meets its target). The default 1 never walks away, because
   relative time never exceeds 1. Unlike a walker it does not react to the other side's moves: it simply runs
-  out of time at a round the other side cannot see.
+  out of time at a round the other side cannot see;
+- ``step`` in [0, 1): each offer aims at least this much own utility below its previous offer (the target is
+  ``min(u(t), previous - step)``, never below the floor), so a slow schedule does not show the other side a stall
+  where the grid has an outcome to concede to. The default 0 follows u(t) alone.
 
 With the defaults this is NegMAS's time-based conceding negotiator with its "worst outcome within the aspiration
 band" offer selector; with ``clock="negmas"`` it uses NegMAS's relative time as well.
@@ -35,7 +38,13 @@ class TimeDependent(RuleNegotiator):
     """Concedes along u(t) = hi - (hi - lo) * t^(1/e); see the module docstring for the exact rules."""
 
     def __init__(
-        self, e: float, seed: int = 0, clock: Clock = Clock.OWN, margin: float = 0.0, patience: float = 1.0
+        self,
+        e: float,
+        seed: int = 0,
+        clock: Clock = Clock.OWN,
+        margin: float = 0.0,
+        patience: float = 1.0,
+        step: float = 0.0,
     ) -> None:
         if not e > 0:
             raise ValueError(f"e must be positive, got {e}")
@@ -43,11 +52,18 @@ class TimeDependent(RuleNegotiator):
             raise ValueError(f"margin must lie in [0, 1], got {margin}")
         if not 0 < patience <= 1:
             raise ValueError(f"patience must lie in (0, 1], got {patience}")
+        if not 0 <= step < 1:
+            raise ValueError(f"step must lie in [0, 1), got {step}")
         super().__init__(seed)
         self.e = e
         self.clock = Clock(clock)
         self.margin = margin
         self.patience = patience
+        self.step = step
+        self._last: float | None = None  # own utility of its previous offer in this negotiation
+
+    def start(self, obs: Observation) -> None:
+        self._last = None
 
     def floor(self, obs: Observation) -> float:
         """The lowest own utility it will ever accept or offer: reservation plus margin."""
@@ -66,8 +82,13 @@ class TimeDependent(RuleNegotiator):
             return WALK_AWAY
         t = self.clock.time(obs)
         target = self._target(space, floor, t)
+        if self.step and self._last is not None:
+            target = min(target, self._last - self.step)
         if acceptable(obs, max(target, floor), space):
             return ACCEPT
         if t > self.patience:
             return WALK_AWAY
-        return offer_action(space, self.offer_at_least(space, target, floor))
+        index = self.offer_at_least(space, target, floor)
+        if self.step:
+            self._last = space.utility(index)
+        return offer_action(space, index)

@@ -23,6 +23,7 @@ RULE_SPECS = [
     "conceder",
     "timedep:e=0.5,clock=negmas",
     "timedep:e=1,margin=0.1,patience=0.5",
+    "timedep:e=0.2,step=0.05",
     "tft",
     "hardliner",
     "random",
@@ -118,6 +119,51 @@ def test_timedep_margin_is_a_floor_and_patience_ends_in_a_walk_away():
     assert kinds == [ActionKind.OFFER] * 5 + [ActionKind.WALK_AWAY] * 5
     good = Offer({"price": 100, "quantity": 1, "warranty": "none"})
     assert asyncio.run(impatient.act(obs_at(sc, Role.SELLER, 8, good))).kind is ActionKind.ACCEPT
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), step=st.floats(0.005, 0.2), e=st.floats(0.1, 3.0))
+def test_timedep_step_aims_at_least_step_below_its_previous_offer(seed, step, e):
+    """With ``step``, each offer is the cheapest outcome at or above min(schedule, previous offer - step) (and the
+    floor): never above the plain schedule's offer, and at least step below the previous one wherever the grid has an
+    outcome in between."""
+    from nego.agents.rules.base import EPS
+    from nego.agents.rules.search import OutcomeSpace
+
+    sc = random_scenario(seed, max_rounds=10)
+    agent = resolve(f"timedep:e={e},step={step}")(Role.SELLER, 0)
+    plain = resolve(f"timedep:e={e}")(Role.SELLER, 0)
+    space = OutcomeSpace(sc.issues, sc.seller)
+    rv = sc.seller.reservation
+    view = sc.view_for(Role.SELLER)  # one negotiation: the same view every turn, as the protocol gives it
+    previous = None
+    for rnd in range(1, 11):
+        obs = Observation(view, (), rnd, None)
+        action, alone = asyncio.run(agent.act(obs)), asyncio.run(plain.act(obs))
+        if alone.kind is not ActionKind.OFFER:  # no outcome is worth the reservation value
+            assert action.kind is alone.kind
+            return
+        aim = plain.target(obs) if previous is None else min(plain.target(obs), previous - step)
+        index = space.at_least(max(aim - EPS, rv + EPS)) or space.best_index
+        assert action.offer == space.offer(index)
+        u = sc.utility(Role.SELLER, action.offer)
+        assert u <= sc.utility(Role.SELLER, alone.offer) + 1e-12
+        previous = u
+
+
+def test_timedep_step_is_validated_and_zero_by_default():
+    sc = make_widget_scenario(max_rounds=10)
+    plain, zero = resolve("boulware")(Role.SELLER, 0), resolve("timedep:e=0.2,step=0")(Role.SELLER, 0)
+    for rnd in range(1, 11):
+        a, b = (asyncio.run(x.act(obs_at(sc, Role.SELLER, rnd))) for x in (plain, zero))
+        assert a == b
+    for bad in ("timedep:e=1,step=-0.1", "timedep:e=1,step=1"):
+        try:
+            resolve(bad)(Role.SELLER, 0)
+        except ValueError as e:
+            assert "step must lie in [0, 1)" in str(e)
+        else:
+            raise AssertionError(f"{bad} was accepted")
 
 
 def test_timedep_offers_smallest_utility_at_or_above_target():
