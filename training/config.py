@@ -132,8 +132,8 @@ class TrainConfig:
     sft_lr: float = _f(0.0, "warm-start learning rate; 0 = auto (2e-3 for tiny, 5e-5 for chat models)")
     sft_batch: int = _f(0, "warm-start batch size; 0 = auto (32 for tiny, 4 for chat models)")
     sft_sellers: list[str] = field(
-        default_factory=lambda: ["timedep:e=0.3", "timedep:e=1", "timedep:e=3"],
-        metadata={"help": "rule-based sellers imitated in the warm start"},
+        default_factory=lambda: ["timedep:e=0.2,step=0.05"],
+        metadata={"help": "rule-based sellers imitated in the warm start (default: Boulware that never stalls)"},
     )
     sft_pick: str = _f(
         "mixture",
