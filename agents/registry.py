@@ -62,7 +62,7 @@ _FAMILIES: dict[str, _Family] = {
         },
         "time-dependent concession u(t) = 1 - (1 - rv) t^(1/e); e < 1 Boulware, e > 1 Conceder; "
         "margin raises its floor to rv + margin; it walks away once relative time exceeds patience; "
-        "each offer concedes at least step from its previous one",
+        "each offer aims at least step below its previous one",
     ),
     "tft": _Family(TitForTat, {"k": _Param(float, 1.0)}, "relative tit-for-tat: mirrors the opponent's concessions"),
     "hardliner": _Family(

@@ -19,19 +19,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nego.cli.options import split_specs  # the CLI's reading: parameters after a comma stay with their spec
 from tiny_gain import DEV_BUYERS, paired_gain
-
-
-def split_specs(text: str) -> list[str]:
-    """Comma-separated specs, where a piece ``key=value`` (no colon) is one more parameter of the spec before it:
-    ``tft,timedep:e=0.2,step=0.02`` is ``["tft", "timedep:e=0.2,step=0.02"]``."""
-    specs: list[str] = []
-    for piece in filter(None, text.split(",")):
-        if specs and "=" in piece and ":" not in piece:
-            specs[-1] += "," + piece
-        else:
-            specs.append(piece)
-    return specs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = re.compile(
     r"^(preflight|  episodes|  max_tokens|  finetune|  memory|warm start|registered|step \d+|done in"
@@ -40,8 +42,6 @@ class PeakMemory:
     the last call (what one phase of the run used at most) and starts the next interval."""
 
     def __init__(self, pid: int) -> None:
-        import psutil
-
         self._proc = psutil.Process(pid)
         self._peak = 0
         self._lock = threading.Lock()
@@ -50,8 +50,6 @@ class PeakMemory:
         self._thread.start()
 
     def _rss(self) -> int:
-        import psutil
-
         total = 0
         for p in (self._proc, *self._proc.children(recursive=True)):
             with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
@@ -59,8 +57,6 @@ class PeakMemory:
         return total
 
     def _sample(self) -> None:
-        import psutil
-
         while not self._done.wait(0.5):
             try:
                 rss = self._rss()
@@ -70,8 +66,6 @@ class PeakMemory:
                 self._peak = max(self._peak, rss)
 
     def take(self) -> int:
-        import psutil
-
         with self._lock:
             peak, self._peak = self._peak, 0
         if peak == 0:  # no sample fell in the interval: what it holds now
