@@ -2,7 +2,8 @@
 given), then `nego eval` of the shipped model's warm start and trained model beside the reference rule sellers on a
 frozen suite. Prints and writes wall time, CPU time and peak memory of each command, the training log's phase lines
 (each with the peak resident memory of the training process since the line before it, sampled twice a second, so
-the warm start, each GRPO stretch and each dev evaluation show what they held at most) and the evaluation's tables.
+the warm start, each GRPO stretch and each dev evaluation show what they held at most, and the minutes since the
+command started) and the evaluation's tables.
 
     python bench/smollm2_run.py                                  # the default run, evaluated on eval-192
     python bench/smollm2_run.py --train-args "--steps 1"         # the warm start and one GRPO step
@@ -32,7 +33,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = re.compile(
-    r"^(preflight|  episodes|  max_tokens|  finetune|  memory|warm start|registered|step \d+|done in"
+    r"^(preflight|  episodes|  max_tokens|  finetune|  batch|  memory|warm start|registered|step \d+|done in"
     r"|  dev buyer|  \S+ +[\d.]+ / [\d.]+ / )"  # and each dev evaluation's table
 )
 
@@ -91,8 +92,9 @@ def run(label: str, args: list[str], env: dict[str, str], lines: list[str], keep
     for line in proc.stdout:
         line = line.rstrip("\n").replace(env["NEGO_HOME"], "$NEGO_HOME")  # the run's home is a scratch folder
         if keep is None or keep.match(line) or line.startswith(("WARNING", "error", "warning")):
-            if keep is not None:  # a phase line: how much memory the phase it closes held at most
-                line = f"{line}  [peak RSS {memory.take() / 2**30:.2f} GiB]"
+            if keep is not None:  # a phase line: how much memory the phase it closes held at most, and when
+                minutes = (time.perf_counter() - t0) / 60
+                line = f"{line}  [peak RSS {memory.take() / 2**30:.2f} GiB, {minutes:.1f} min]"
             lines.append(line)
             print(line, flush=True)
     rc = proc.wait()

@@ -152,7 +152,6 @@ def nego_arm(args: argparse.Namespace, work: Path) -> tuple[Run, Any, list[tuple
             time.perf_counter(),
             runner,
             trl_overrides=overrides,
-            generation_rows=start.generation_rows,
         )
         trainer = parts.trainer
         instrument(trainer, run)

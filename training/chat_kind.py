@@ -12,6 +12,7 @@ from nego.agents.llm.chat_layout import CHAT_TEMPLATE
 from nego.agents.model_specs import SMOLLM2
 
 from .config import GEMMA_SIZES
+from .free_memory import release_freed_memory
 from .policy_kind import Echo, Start
 
 if TYPE_CHECKING:
@@ -84,18 +85,21 @@ class ChatKind:
 
             warm = chat_warm_start(cfg, model, tok, run_dir, runner, echo, started)
             model, source, steps = warm.model, str(warm.path.resolve()), warm.steps
-        return Start(cfg, model, tok, source, steps, plan.grpo_overrides(), plan.generation_rows)
+            release_freed_memory()  # the warm start's optimizer states and activations
+        return Start(cfg, model, tok, source, steps, plan.grpo_overrides())
 
     def factory(self, model: Any, tokenizer: Any, cfg: TrainConfig, spec: str) -> ChatFactory:
         from .chat_rollout import ChatFactory, ChatPolicy
 
-        policy = ChatPolicy(model, tokenizer, max_new=cfg.turn_tokens, template=cfg.template_name)
+        policy = ChatPolicy(
+            model, tokenizer, max_new=cfg.turn_tokens, template=cfg.template_name, max_rows=generation_rows(cfg)
+        )
         return ChatFactory(spec, policy, cfg.sampling_temperature)
 
-    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig, generation_rows: int | None) -> ChatRollout:
-        from .chat_rollout import DEFAULT_GENERATION_ROWS, ChatRollout
+    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig) -> ChatRollout:
+        from .chat_rollout import ChatRollout
 
-        rows = DEFAULT_GENERATION_ROWS if generation_rows is None else generation_rows
+        rows = generation_rows(cfg)
         return ChatRollout(tokenizer, max_new=cfg.turn_tokens, max_rows=rows, template=cfg.template_name)
 
     def registry_config(self, cfg: TrainConfig) -> dict[str, Any]:
@@ -111,6 +115,14 @@ class ChatKind:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return model, tokenizer
+
+
+def generation_rows(cfg: TrainConfig) -> int:
+    """Rows one in-process generate call reads: the config's (the preflight's plan, or as given), else the
+    rollout's default."""
+    from .chat_rollout import DEFAULT_GENERATION_ROWS
+
+    return cfg.generation_rows or DEFAULT_GENERATION_ROWS
 
 
 CHAT = ChatKind()

@@ -35,6 +35,8 @@ from nego.agents.trace import TokenTrace
 from nego.market.types import NegotiationResult, Usage
 from nego.scenarios.scenario import Role
 
+from .free_memory import release_freed_memory
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TURN_TOKENS = 96
@@ -178,6 +180,13 @@ class ChatPolicy:
         sampled = sum(t.sampled for t in self.traces)
         return sum(t.context_only for t in self.traces) / sampled if sampled else 0.0
 
+    def forget_prompts(self) -> None:
+        """Free the prompt states the in-process generator stores (a finished batch's: the next batch has new
+        weights and builds its own policy)."""
+        forget = getattr(self.generator, "forget_prompts", None)
+        if forget is not None:
+            forget()
+
     def drain(self) -> int:
         """With several training processes on a vLLM server: join the others' calls until all are done."""
         drain = getattr(self.generator, "drain", None)
@@ -249,6 +258,9 @@ class ChatFactory:
     def __call__(self, role: Role | str, seed: int) -> ChatNegotiator:
         return ChatNegotiator(self.policy, Role(role), seed, self.temperature)
 
+    def forget_prompts(self) -> None:
+        self.policy.forget_prompts()
+
     async def aclose(self) -> None:
         await self.policy.aclose()
 
@@ -310,6 +322,8 @@ class ChatRollout:
         if policy is None:
             return
         policy.drain()
+        policy.forget_prompts()  # before the training step, which would otherwise run beside them
+        release_freed_memory()
         share = policy.context_only_share
         if share > 0.05 and not self._warned:
             self._warned = True

@@ -145,6 +145,16 @@ class TrainConfig:
         "share of the warm start's seller offers shown first as an invalid reply, with the protocol's feedback on "
         "it, before the valid one (chat models; the invalid reply is context, the correction is learned)",
     )
+    memory_gb: float = _f(
+        0.0,
+        "memory a real model's run on a CPU may fill, in GiB: the preflight sizes the micro-batch and the generation "
+        "rows to it; 0 = 80% of the available RAM (on a GPU the plan fills the GPU's free memory)",
+    )
+    generation_rows: int = _f(
+        0,
+        "rows one in-process generate call reads at once, and negotiations a dev evaluation plays at once (real "
+        "models); 0 = auto: the preflight's memory plan",
+    )
     seed: int = _f(0, "seed for model init, data order, buyer draws and sampling")
     threads: int = _f(0, THREADS_HELP)
     time_budget_min: float = _f(
@@ -171,6 +181,8 @@ class TrainConfig:
             out.add("finetune")
         if self.time_budget_min:
             out.add("time_budget_min")
+        if self.generation_rows:
+            out.add("generation_rows")
         return frozenset(out)
 
     @property
@@ -225,6 +237,7 @@ class TrainConfig:
             (0 <= self.sft_repairs <= 1, "sft_repairs must be in [0, 1]"),
             (self.sft_pick in SFT_PICKS, f"sft_pick must be one of {', '.join(SFT_PICKS)}, got {self.sft_pick!r}"),
             (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
+            (self.memory_gb >= 0 and self.generation_rows >= 0, "memory_gb and generation_rows must be >= 0"),
         ]
         for ok, msg in checks:
             if not ok:

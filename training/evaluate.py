@@ -106,9 +106,12 @@ def evaluate(
     *,
     seed: int = 0,
     step: int | None = None,
+    concurrency: int = 0,
 ) -> DevEvaluation:
-    """Play the learner ``spec`` (as ``runner`` knows it) on every scenario against each buyer spec."""
-    played = runner.play(dev_jobs(spec, scenarios, buyers, seed=seed, step=step))
+    """Play the learner ``spec`` (as ``runner`` knows it) on every scenario against each buyer spec, at most
+    ``concurrency`` negotiations in flight (0: the runner's own cap). The cap bounds what an in-process model holds
+    for the negotiations in flight (their conversations' states); each negotiation plays the same under any cap."""
+    played = runner.play(dev_jobs(spec, scenarios, buyers, seed=seed, step=step), concurrency=concurrency)
     n = len(scenarios)
     out = []
     for k, buyer in enumerate(buyers):

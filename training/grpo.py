@@ -18,6 +18,7 @@ from nego.market.marketplace import Scorer
 from .checkpoints import CUT_SHORT, checkpoint_step, latest_checkpoint
 from .config import DEV_BUYERS, TrainConfig, no_deal_value
 from .evaluate import DEV_ARM, DevEvaluation, evaluate
+from .free_memory import release_freed_memory
 from .policy_kind import Echo
 from .pool import BuyerPool
 from .rewards import outcome_scorer
@@ -71,11 +72,16 @@ def dev_eval(model: Any, tok: Any, cfg: TrainConfig, runner: EpisodeRunner, step
     spec = rl_name(cfg)
     was = model.training
     model.eval()
+    factory = cfg.kind.factory(model, tok, cfg, spec)
     try:
-        runner.set_learner(spec, cfg.kind.factory(model, tok, cfg, spec))
-        return evaluate(runner, spec, scenarios, DEV_BUYERS, step=step)
+        runner.set_learner(spec, factory)
+        return evaluate(runner, spec, scenarios, DEV_BUYERS, step=step, concurrency=cfg.generation_rows)
     finally:
         model.train(was)
+        forget = getattr(factory, "forget_prompts", None)  # a chat policy's stored prompt states
+        if forget is not None:
+            forget()
+        release_freed_memory()
 
 
 def rl_name(cfg: TrainConfig) -> str:
@@ -120,7 +126,6 @@ def build_trainer(
     observer: TrainObserver | None = None,
     reward_func: Callable[..., list[float]] = trl_reward,
     trl_overrides: dict[str, Any] | None = None,
-    generation_rows: int | None = None,
     resume_step: int | None = None,
 ) -> TrainerParts:
     """The GRPOTrainer wired to the market through ``runner`` (whose scorer is the reward).
@@ -138,7 +143,7 @@ def build_trainer(
         BuyerPool(tuple(cfg.train_buyers)),
         tok,
         runner,
-        policy=kind.rollout_policy(tok, cfg, generation_rows),
+        policy=kind.rollout_policy(tok, cfg),
         spec=rl_name(cfg),
         seed=cfg.seed,
         max_tokens=cfg.max_tokens,
@@ -251,7 +256,6 @@ def _train(cfg: TrainConfig, run_dir: Path, started: float, echo: Echo, observer
             runner,
             observer=observer,
             trl_overrides=start.trl_overrides,
-            generation_rows=start.generation_rows,
             resume_step=checkpoint_step(resume_from) if resume_from else None,
         )
         if resume_from:

@@ -1,4 +1,4 @@
-"""GPU memory of a GRPO run, by arithmetic on the model's shape: nothing is allocated.
+"""Memory of a GRPO run on a GPU or a CPU, by arithmetic on the model's shape: nothing is allocated.
 
 The model is built on the meta device from its config (parameters have shapes, no storage), which gives exact
 parameter counts, the LoRA parameters ``target_modules="all-linear"`` adds, and each layer's key-value width. The
@@ -19,6 +19,19 @@ byte counts then follow from how this stack trains:
   soft-capped copy (an upper bound: the engine asks for the last position's logits where the model takes
   ``logits_to_keep``), and one layer's prefill activations. Gradients are freed between steps; weights and optimizer
   states stay through the rollouts.
+
+On a CPU (``on_cpu``) the same parts are counted the way this stack runs there, in fp32 (4 bytes per value):
+
+- weights fp32, full fine-tuning's gradients fp32 and AdamW's moments fp32: 4 + 4 + 8 = 16 bytes per parameter;
+- training activations as above at 4 bytes, plus what a CPU keeps that a GPU does not: the recomputed layer's
+  attention scores, probabilities and their gradient (the CPU kernel materialises them when a padding mask is
+  given), and TRL's fused LM head, which without Triton scores every position in tiles of
+  :data:`HEAD_TILE_TOKENS` x :data:`HEAD_TILE_VOCAB` and keeps :data:`HEAD_TILE_COPIES` such tiles alive at once
+  instead of the full logits;
+- generation (``agents.llm.backends.hf_engine`` on a CPU reads each prompt alone, then decodes all rows together in
+  one static cache): every row's key-value cache twice (the row's own states and the merged static cache hold them
+  at once), the engine's store of reusable prompt states (:func:`prefix_store_bytes`, the engine's own sizing) and
+  each row's last-position logits.
 """
 
 from __future__ import annotations
@@ -27,7 +40,16 @@ from dataclasses import dataclass
 from typing import Any
 
 GiB = 2**30
+MiB = 2**20
 WEIGHT_BYTES = 2
+CPU_FLOAT_BYTES = 4
+HEAD_TILE_TOKENS, HEAD_TILE_VOCAB = 4096, 32768
+"""TRL 1.16's fused LM head (``trl.kernels.chunked_logprob``): tokens per projection tile and the vocabulary width
+``trl.trainer.utils`` passes as its chunk."""
+HEAD_TILE_COPIES = 8
+"""Tiles of the fused head alive at once on a CPU, where the fold runs as torch ops on the tile (its buffer and the
+fold's temporaries): the smallest count at which the estimate bounds the peak resident memory of SmolLM2 forward
+and backward passes of 1-8 rows of 1,100-4,000 tokens (bench/results/smollm2_memory.txt)."""
 FULL_TRAINED_BYTES = 6  # gradient + two AdamW moments, bf16
 LORA_BYTES = 16  # fp32 adapter weight, gradient, two moments
 
@@ -56,6 +78,8 @@ class ModelFacts:
     widest_q: int
     per_layer_input: int
     cache_layers: tuple[CacheLayer, ...]
+    heads: int = 0
+    """Attention (query) heads per layer."""
 
     def lora(self, rank: int) -> int:
         return self.lora_per_rank * rank
@@ -104,6 +128,7 @@ def model_facts(model_config: Any) -> ModelFacts:
         widest_q=widest_q,
         per_layer_input=ple,
         cache_layers=tuple(caches),
+        heads=int(getattr(text_cfg, "num_attention_heads", 0) or 0),
     )
 
 
@@ -149,37 +174,55 @@ class MemoryEstimate:
         )
 
 
-def state_bytes(facts: ModelFacts, finetune: str, lora_rank: int) -> tuple[int, int, int]:
+def state_bytes(facts: ModelFacts, finetune: str, lora_rank: int, *, on_cpu: bool = False) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes for ``full`` or ``lora`` fine-tuning."""
-    weights = WEIGHT_BYTES * facts.total
+    value = CPU_FLOAT_BYTES if on_cpu else WEIGHT_BYTES
+    weights = value * facts.total
     if finetune == "full":
-        return weights, 2 * facts.text, 4 * facts.text
+        return weights, value * facts.text, 2 * value * facts.text
     adapters = facts.lora(lora_rank)
     return weights + 4 * adapters, 4 * adapters, 8 * adapters
 
 
-def activation_bytes(facts: ModelFacts, micro_batch: int, seq_len: int) -> int:
+def activation_bytes(facts: ModelFacts, micro_batch: int, seq_len: int, *, on_cpu: bool = False) -> int:
     """One micro-batch's training activations with gradient checkpointing (see the module docstring)."""
+    value = CPU_FLOAT_BYTES if on_cpu else 2
     tokens = micro_batch * seq_len
-    checkpoints = facts.layers * tokens * facts.hidden * 2
-    per_layer_inputs = tokens * facts.per_layer_input * 2
+    checkpoints = facts.layers * tokens * facts.hidden * value
+    per_layer_inputs = tokens * facts.per_layer_input * value
     # one layer recomputed for its backward: norms and residuals (~6 hidden), q/k/v/o, the gated MLP (~4 widest),
-    # saved in bf16 and matched by their gradients
+    # saved and matched by their gradients
     kv = max((c.kv_width for c in facts.cache_layers), default=facts.widest_q)
-    layer = tokens * (6 * facts.hidden + 2 * facts.widest_q + 2 * kv + 4 * facts.widest_mlp) * 2 * 2
-    logits = tokens * facts.vocab * 4
-    return checkpoints + per_layer_inputs + layer + logits
+    layer = tokens * (6 * facts.hidden + 2 * facts.widest_q + 2 * kv + 4 * facts.widest_mlp) * value * 2
+    if not on_cpu:
+        return checkpoints + per_layer_inputs + layer + tokens * facts.vocab * 4
+    heads = facts.heads or 1
+    scores = micro_batch * heads * seq_len * seq_len * value * 3
+    head = min(tokens, HEAD_TILE_TOKENS) * min(facts.vocab, HEAD_TILE_VOCAB) * value * HEAD_TILE_COPIES
+    return checkpoints + per_layer_inputs + layer + scores + head
 
 
-def kv_cache_bytes(facts: ModelFacts, rows: int, seq_len: int) -> int:
-    """Key-value cache of ``rows`` sequences of ``seq_len`` tokens in bf16 (keys and values)."""
+def kv_cache_bytes(facts: ModelFacts, rows: int, seq_len: int, *, on_cpu: bool = False) -> int:
+    """Key-value cache of ``rows`` sequences of ``seq_len`` tokens (keys and values; bf16, fp32 on a CPU)."""
     per_token = sum(c.kv_width * (min(seq_len, c.window) if c.window else seq_len) for c in facts.cache_layers)
-    return rows * per_token * 2 * 2
+    return rows * per_token * 2 * (CPU_FLOAT_BYTES if on_cpu else 2)
 
 
-def generation_bytes(facts: ModelFacts, rows: int, seq_len: int) -> int:
+def prefix_store_bytes(facts: ModelFacts, rows: int) -> int:
+    """What the generation engine's store of reusable prompt states may hold for ``rows`` negotiations in flight
+    (its own rule, ``hf_engine.prefix_budget_mb``, on fp32 states)."""
+    from nego.agents.llm.backends.hf_engine import MAX_PREFIX_MB, MIN_PREFIX_MB, PREFIX_TOKENS_PER_ROW
+
+    per_token = kv_cache_bytes(facts, 1, 1, on_cpu=True)
+    return int(min(MAX_PREFIX_MB * MiB, max(MIN_PREFIX_MB * MiB, rows * PREFIX_TOKENS_PER_ROW * per_token)))
+
+
+def generation_bytes(facts: ModelFacts, rows: int, seq_len: int, *, on_cpu: bool = False) -> int:
     """Rollouts through transformers with ``rows`` sequences read at once (see the module docstring)."""
     tokens = rows * seq_len
+    if on_cpu:
+        cache = 2 * kv_cache_bytes(facts, rows, seq_len, on_cpu=True)
+        return cache + prefix_store_bytes(facts, rows) + rows * facts.vocab * CPU_FLOAT_BYTES * 2
     logits = tokens * facts.vocab * 2 * 2
     prefill = tokens * (4 * facts.hidden + 2 * facts.widest_mlp) * 2
     return kv_cache_bytes(facts, rows, seq_len) + logits + prefill
@@ -194,16 +237,17 @@ def estimate(
     seq_len: int,
     generation_rows: int,
     vllm_reserved: int = 0,
+    on_cpu: bool = False,
 ) -> MemoryEstimate:
     """Bytes of a run with these choices; ``vllm_reserved`` is what a colocated vLLM engine holds all along (its own
     weights and cache); ``generation_rows`` are the rows transformers reads at once (dev evaluations use it even
-    when vLLM generates the rollouts)."""
-    weights, gradients, optimizer = state_bytes(facts, finetune, lora_rank)
+    when vLLM generates the rollouts); ``on_cpu`` counts a CPU run (see the module docstring)."""
+    weights, gradients, optimizer = state_bytes(facts, finetune, lora_rank, on_cpu=on_cpu)
     return MemoryEstimate(
         weights,
         gradients,
         optimizer,
-        activation_bytes(facts, micro_batch, seq_len),
-        generation_bytes(facts, generation_rows, seq_len),
+        activation_bytes(facts, micro_batch, seq_len, on_cpu=on_cpu),
+        generation_bytes(facts, generation_rows, seq_len, on_cpu=on_cpu),
         vllm_reserved,
     )

@@ -36,8 +36,6 @@ class Start:
     warm_start_steps: int
     trl_overrides: dict[str, Any] = field(default_factory=dict)
     """GRPOConfig fields a plan decided (micro-batches, gradient accumulation)."""
-    generation_rows: int | None = None
-    """Rows one in-process generate call may hold (a memory plan); None = the rollout's default."""
 
 
 class RolloutPolicy(Protocol):
@@ -92,7 +90,7 @@ class PolicyKind(Protocol):
         """Negotiators of ``model`` as it is now, under ``spec``, sampling at the run's temperature."""
         ...
 
-    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig, generation_rows: int | None) -> RolloutPolicy: ...
+    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig) -> RolloutPolicy: ...
 
     def registry_config(self, cfg: TrainConfig) -> dict[str, Any]:
         """What the registry must record, beyond the run's config, to play a model of this kind as it was trained."""

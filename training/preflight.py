@@ -1,9 +1,9 @@
 """Preflight for real models: before any weights load, decide the episode cap, the fine-tuning mode and the batch
-layout that fit the GPU, or refuse with the flag to change.
+layout that fit the GPU (or the CPU's memory budget), or refuse with the flag to change.
 
-:func:`plan` is a pure function of (training config, model facts, episode lengths, GPU bytes): the model facts come
-from the model's config on the meta device (:mod:`.memory_model`), the episode lengths from rule-seller episodes
-rendered with the model's own tokenizer and chat template (:mod:`.episode_lengths`). Choices:
+:func:`plan` is a pure function of (training config, model facts, episode lengths, GPU or CPU bytes): the model
+facts come from the model's config on the meta device (:mod:`.memory_model`), the episode lengths from rule-seller
+episodes rendered with the model's own tokenizer and chat template (:mod:`.episode_lengths`). Choices:
 
 - ``max_tokens`` (the cap on an episode's tokens after its prompt): the measured 99th percentile plus a margin,
   unless given; a given cap below that percentile is refused (an episode over the cap stops training);
@@ -13,7 +13,9 @@ rendered with the model's own tokenizer and chat template (:mod:`.episode_length
 - one optimizer step still covers every sequence of the step (``scenarios_per_step * group_size``), split into
   micro-batches with gradient accumulation: TRL 1.16 derives ``steps_per_generation`` from
   ``gradient_accumulation_steps``, so ``rollout_func`` is called once per step with all the groups;
-- rollouts through transformers read at most ``generation_rows`` rows at once;
+- rollouts and dev evaluations through transformers read at most ``generation_rows`` rows at once;
+- without a GPU the budget is ``--memory-gb`` (default: :data:`CPU_AVAILABLE_SHARE` of the available RAM), less
+  :data:`CPU_OVERHEAD`, and the memory model counts fp32 as a CPU run holds it;
 - real models get no time budget unless one is given.
 """
 
@@ -39,6 +41,10 @@ the CUDA context and kernels' workspaces."""
 CUDA_OVERHEAD = 1 * GiB
 TRL_VLLM_UTILIZATION = 0.3
 FULL_STATE_SHARE = 0.5
+CPU_AVAILABLE_SHARE = 0.8
+CPU_OVERHEAD = 3 * GiB // 4
+"""What a CPU training process holds besides the model's parts: the interpreter, torch, transformers, TRL and the
+market (about 0.6 GiB measured at the first GRPO step of SmolLM2, bench/results/smollm2_memory.txt)."""
 
 
 class PreflightError(ConfigError):
@@ -68,10 +74,13 @@ class TrainPlan:
     time_budget_min: float
     gpu_bytes: int | None
     memory: MemoryEstimate
+    cpu_bytes: int | None = None
+    cpu_source: str = ""
+    """Where a CPU budget came from (``--memory-gb``, or the share of the available RAM)."""
 
     @property
     def budget(self) -> int | None:
-        return usable_bytes(self.gpu_bytes)
+        return plan_budget(self.gpu_bytes, self.cpu_bytes)
 
     @property
     def trainable(self) -> int:
@@ -79,7 +88,13 @@ class TrainPlan:
 
     def apply(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with the planned episode cap, fine-tuning mode and time budget."""
-        return replace(cfg, max_tokens=self.max_tokens, finetune=self.finetune, time_budget_min=self.time_budget_min)
+        return replace(
+            cfg,
+            max_tokens=self.max_tokens,
+            finetune=self.finetune,
+            time_budget_min=self.time_budget_min,
+            generation_rows=self.generation_rows,
+        )
 
     def grpo_overrides(self) -> dict[str, Any]:
         """GRPOConfig fields: the micro-batch layout (one generation batch per optimizer step) and the vLLM share."""
@@ -95,11 +110,19 @@ class TrainPlan:
     def describe(self) -> str:
         f, lg = self.facts, self.lengths
         gpu = "no GPU (memory not checked)"
+        if self.cpu_bytes is not None:
+            gpu = (
+                f"a CPU, memory budget {self.cpu_bytes / GiB:.1f} GiB ({self.cpu_source}; "
+                f"plan budget {self.budget / GiB:.1f} GiB)"
+            )
         if self.gpu_bytes is not None:
             gpu = f"a GPU with {self.gpu_bytes / GiB:.1f} GiB free (plan budget {self.budget / GiB:.1f} GiB)"
         rows = f"generation reads {self.generation_rows} rows at once"
         if self.generation_rows < self.generation_rows_needed:
-            rows += f" (of {self.generation_rows_needed} in flight: the rollout generates them in batches of that size)"
+            rows += (
+                f" (of {self.generation_rows_needed} in flight: generate calls read them in batches of that size, "
+                "and a dev evaluation plays that many negotiations at a time)"
+            )
         vllm = ""
         if self.vllm_gpu_memory_utilization is not None:
             vllm = f"; vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization:.2f}"
@@ -126,6 +149,25 @@ def _count(n: int) -> str:
 
 def usable_bytes(gpu_bytes: int | None) -> int | None:
     return None if gpu_bytes is None else int(gpu_bytes * USABLE) - CUDA_OVERHEAD
+
+
+def plan_budget(gpu_bytes: int | None, cpu_bytes: int | None) -> int | None:
+    """What a plan may fill: the GPU's usable bytes, else the CPU budget less :data:`CPU_OVERHEAD`, else None (no
+    check)."""
+    if gpu_bytes is not None:
+        return usable_bytes(gpu_bytes)
+    return None if cpu_bytes is None else cpu_bytes - CPU_OVERHEAD
+
+
+def cpu_budget(cfg: TrainConfig) -> tuple[int, str]:
+    """(bytes, where from) of a CPU run's memory budget: ``--memory-gb``, else :data:`CPU_AVAILABLE_SHARE` of the
+    RAM available now."""
+    if cfg.memory_gb:
+        return int(cfg.memory_gb * GiB), f"--memory-gb {cfg.memory_gb:g}"
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return int(available * CPU_AVAILABLE_SHARE), f"{CPU_AVAILABLE_SHARE:.0%} of the {available / GiB:.1f} GiB available"
 
 
 def visible_gpu_bytes() -> int | None:
@@ -168,7 +210,8 @@ def preflight(
     gpu_bytes: int | None = None,
     episodes: int = 64,
 ) -> TrainPlan:
-    """Measure and plan for this machine (``gpu_bytes`` defaults to the free memory of the visible GPU)."""
+    """Measure and plan for this machine (``gpu_bytes`` defaults to the free memory of the visible GPU; without a
+    GPU, the plan fills the CPU budget of :func:`cpu_budget`)."""
     lengths = measure_episode_lengths(
         tokenizer,
         n=episodes,
@@ -177,12 +220,17 @@ def preflight(
         sellers=cfg.sft_sellers,
         template=cfg.template_name,
     )
+    if gpu_bytes is None:
+        gpu_bytes = visible_gpu_bytes()
+    cpu_bytes, cpu_source = cpu_budget(cfg) if gpu_bytes is None else (None, "")
     return plan(
         cfg,
-        gpu_bytes if gpu_bytes is not None else visible_gpu_bytes(),
+        gpu_bytes,
         facts=model_facts(model_config(cfg)),
         lengths=lengths,
         given=given,
+        cpu_bytes=cpu_bytes,
+        cpu_source=cpu_source,
     )
 
 
@@ -193,9 +241,12 @@ def plan(
     facts: ModelFacts,
     lengths: EpisodeLengths,
     given: Collection[str] = (),
+    cpu_bytes: int | None = None,
+    cpu_source: str = "",
 ) -> TrainPlan:
     """The run's plan, or :class:`PreflightError` naming the flag to change; ``given`` names the TrainConfig
-    fields the user set (the others are the plan's to choose)."""
+    fields the user set (the others are the plan's to choose). Without a GPU, ``cpu_bytes`` is the CPU's memory
+    budget (None: memory is not checked)."""
     if cfg.model in GEMMA_SIZES and gpu_bytes is None:
         raise PreflightError(
             f"model {cfg.model!r} ({GEMMA_SIZES[cfg.model]}) needs a CUDA GPU and none is visible; on a CPU, "
@@ -207,13 +258,20 @@ def plan(
     vllm_colocated = cfg.use_vllm and not cfg.vllm_server
     dev_rows = cfg.dev_scenarios * len(DEV_BUYERS)  # a dev evaluation plays every dev scenario against every dev buyer
     rows_needed = dev_rows if cfg.use_vllm else max(sequences, dev_rows)
+    if "generation_rows" in given:
+        rows_needed = cfg.generation_rows
+    on_cpu = gpu_bytes is None
+    budget = plan_budget(gpu_bytes, cpu_bytes)
     reserved, utilization = 0, None
     if vllm_colocated and gpu_bytes is not None:
         utilization = _vllm_utilization(facts, sequences, seq_len, gpu_bytes)
         reserved = int(utilization * gpu_bytes)
-    mode, why = _finetune(cfg, facts, reserved, gpu_bytes, given)
-    layout = _layout(facts, mode, cfg.lora_rank, sequences, seq_len, rows_needed, reserved, gpu_bytes)
+    mode, why = _finetune(cfg, facts, reserved, budget, on_cpu, given)
+    rows = [rows_needed] if "generation_rows" in given else _halvings(rows_needed)
+    layout = _layout(facts, mode, cfg.lora_rank, sequences, seq_len, rows, reserved, budget, on_cpu)
     if layout is None:
+        if on_cpu:
+            raise PreflightError(_cpu_refusal(cfg, facts, mode, seq_len, budget or 0, cpu_bytes or 0, cpu_source))
         raise PreflightError(_refusal(cfg, facts, seq_len, reserved, gpu_bytes, given))
     return TrainPlan(
         model=cfg.model,
@@ -234,17 +292,18 @@ def plan(
         time_budget_min=cfg.time_budget_min if "time_budget_min" in given else 0.0,
         gpu_bytes=gpu_bytes,
         memory=layout.memory,
+        cpu_bytes=cpu_bytes if on_cpu else None,
+        cpu_source=cpu_source,
     )
 
 
 def _finetune(
-    cfg: TrainConfig, facts: ModelFacts, reserved: int, gpu_bytes: int | None, given: Collection[str]
+    cfg: TrainConfig, facts: ModelFacts, reserved: int, budget: int | None, on_cpu: bool, given: Collection[str]
 ) -> tuple[str, str]:
     """(mode, why): as given, else full when its states take at most FULL_STATE_SHARE of the budget."""
     if "finetune" in given:
         return cfg.finetune, "given (--finetune)"
-    budget = usable_bytes(gpu_bytes)
-    weights, gradients, optimizer = state_bytes(facts, "full", 0)
+    weights, gradients, optimizer = state_bytes(facts, "full", 0, on_cpu=on_cpu)
     states = weights + gradients + optimizer + reserved
     if budget is None:
         return "full", "no GPU to plan for (a small model on a CPU trains fully; --finetune lora to choose LoRA)"
@@ -277,28 +336,43 @@ class Layout:
     memory: MemoryEstimate
 
 
+def _halvings(rows: int) -> list[int]:
+    """``rows``, then halved until one: the generation row counts a plan tries, largest first."""
+    out = [rows]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
 def _layout(
     facts: ModelFacts,
     mode: str,
     rank: int,
     sequences: int,
     seq_len: int,
-    rows_needed: int,
+    rows: list[int],
     reserved: int,
-    gpu_bytes: int | None,
+    budget: int | None,
+    on_cpu: bool,
 ) -> Layout | None:
-    """The largest micro-batch (a divisor of ``sequences``) and generation row count that fit, or None."""
-    budget = usable_bytes(gpu_bytes)
+    """The largest micro-batch (a divisor of ``sequences``) and generation row count (of ``rows``, largest first)
+    that fit, or None."""
     batches = [b for b in range(min(MAX_MICRO_BATCH, sequences), 0, -1) if sequences % b == 0]
-    rows = [rows_needed]
-    while rows[-1] > 1:
-        rows.append(rows[-1] // 2)
 
     def mem(b: int, r: int) -> MemoryEstimate:
-        return estimate(facts, mode, rank, micro_batch=b, seq_len=seq_len, generation_rows=r, vllm_reserved=reserved)
+        return estimate(
+            facts,
+            mode,
+            rank,
+            micro_batch=b,
+            seq_len=seq_len,
+            generation_rows=r,
+            vllm_reserved=reserved,
+            on_cpu=on_cpu,
+        )
 
     if budget is None:
-        return Layout(batches[0], rows_needed, mem(batches[0], rows_needed))
+        return Layout(batches[0], rows[0], mem(batches[0], rows[0]))
     b = next((b for b in batches if mem(b, 1).training <= budget), None)
     r = next((r for r in rows if mem(1, r).rollouts <= budget), None)
     if b is None or r is None:
@@ -329,6 +403,18 @@ def _refusal(
             return f"{why}; use --finetune lora"
         return f"{why}; with --finetune lora{_lora_refusal(cfg, lora, seq_len, budget)}"
     return where + _lora_refusal(cfg, lora, seq_len, budget)
+
+
+def _cpu_refusal(
+    cfg: TrainConfig, facts: ModelFacts, mode: str, seq_len: int, budget: int, cpu_bytes: int, source: str
+) -> str:
+    least = estimate(facts, mode, cfg.lora_rank, micro_batch=1, seq_len=seq_len, generation_rows=1, on_cpu=True)
+    return (
+        f"{cfg.model} does not fit this CPU's memory budget of {cpu_bytes / GiB:.1f} GiB ({source}; plan budget "
+        f"{budget / GiB:.1f} GiB): one sequence of {seq_len} tokens at a time needs {least.peak / GiB:.1f} GiB "
+        f"with --finetune {mode} ({least.describe()}); raise --memory-gb or shorten episodes with --max-rounds "
+        f"(now {cfg.max_rounds})" + ("" if mode == "lora" else ", or use --finetune lora")
+    )
 
 
 def _lora_refusal(cfg: TrainConfig, lora: MemoryEstimate, seq_len: int, budget: int) -> str:

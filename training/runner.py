@@ -89,9 +89,16 @@ class EpisodeRunner:
         self.learners.pop(spec, None)
         self.market.forget(spec)
 
-    def play(self, jobs: Sequence[Job]) -> list[Played]:
-        """Play (or read back) every job; results in job order."""
-        return self._loop.run(self.market.play(jobs))
+    def play(self, jobs: Sequence[Job], *, concurrency: int = 0) -> list[Played]:
+        """Play (or read back) every job; results in job order. ``concurrency`` (0: the market's own) caps the
+        negotiations in flight for these jobs only."""
+        if not concurrency:
+            return self._loop.run(self.market.play(jobs))
+        own, self.market.concurrency = self.market.concurrency, min(concurrency, self.market.concurrency)
+        try:
+            return self._loop.run(self.market.play(jobs))
+        finally:
+            self.market.concurrency = own
 
     def rollouts(self, jobs: Sequence[Job]) -> list[Rollout]:
         """Play jobs whose seller is a learner and return its traces; every job must be played now (a result read

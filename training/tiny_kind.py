@@ -94,7 +94,7 @@ class TinyKind:
 
         return CompactFactory(spec, CompactPolicy(model, tokenizer), cfg.sampling_temperature)
 
-    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig, generation_rows: int | None) -> CompactRollout:
+    def rollout_policy(self, tokenizer: Any, cfg: TrainConfig) -> CompactRollout:
         return CompactRollout(tokenizer)
 
     def registry_config(self, cfg: TrainConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .free_memory import release_freed_memory
 from .rollout import trl_reward
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ def step_monitor(
 
         def on_step_end(self, args, state, control, model=None, **kw):
             step_end(state.global_step, state.max_steps, model, control)
+            release_freed_memory()  # the step's activations, so that the next rollout starts from the states alone
 
     return StepMonitor()
 

@@ -94,6 +94,31 @@ def test_splits_alternate_openers_like_the_evaluation_suites():
         split_scenarios("dev", 2, 7, ())
 
 
+def test_a_dev_evaluation_under_a_concurrency_cap_plays_every_negotiation_as_uncapped():
+    from nego.training.evaluate import evaluate
+    from nego.training.tiny_model import build_tiny_model
+    from nego.training.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    policy = CompactPolicy(build_tiny_model(tok), tok)
+    scenarios, buyers = split_scenarios("dev", 5, 5), ["tft", "hazard", "timedep:e=1"]
+    results, caps = [], []
+    for cap in (0, 4, 1):
+        with EpisodeRunner({"learner": CompactFactory("learner", policy, 1.0)}) as runner:
+            market_play, seen = runner.market.play, []
+
+            async def play(jobs, market_play=market_play, seen=seen, runner=runner):
+                seen.append(runner.market.concurrency)
+                return await market_play(jobs)
+
+            runner.market.play = play
+            results.append(evaluate(runner, "learner", scenarios, buyers, seed=3, concurrency=cap))
+            caps.append((seen, runner.market.concurrency))
+    assert caps == [([1024], 1024), ([4], 1024), ([1], 1024)]  # capped for the evaluation only
+    assert results[0] == results[1] == results[2]
+    assert len({u for r in results[0].buyers for u in r.utility}) > 1
+
+
 def test_mask_covers_exactly_the_sellers_tokens(widget_scenario):
     from nego.training.tiny_model import build_tiny_model
     from nego.training.tokenizer import build_tokenizer

@@ -218,6 +218,79 @@ def test_memory_arithmetic_matches_the_stated_bytes_per_parameter(facts):
     assert g == 4 * e4b.lora(16) and o == 8 * e4b.lora(16) and w == 2 * e4b.total + 4 * e4b.lora(16)
 
 
+# SmolLM2-135M-Instruct's shape (its config.json); lengths as measured in its chat layout at 10 rounds
+SMOLLM2_SHAPE = dict(
+    hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3
+)
+SMOLLM2_LENGTHS = EpisodeLengths(
+    64, 10, Spread(724, 1109, 1348, 1348), Spread(387, 485, 511, 511), Spread(7, 10, 10, 10), "recorded"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_facts():
+    from transformers import LlamaConfig
+
+    return model_facts(LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **SMOLLM2_SHAPE))
+
+
+def test_on_a_cpu_the_state_bytes_are_fp32(smollm2_facts):
+    from nego.training.memory_model import state_bytes
+
+    f = smollm2_facts
+    assert abs(f.total / 1e6 - 134.5) < 0.1 and f.heads == 9
+    assert state_bytes(f, "full", 0, on_cpu=True) == (4 * f.total, 4 * f.text, 8 * f.text)
+    assert state_bytes(f, "lora", 8, on_cpu=True)[0] == 4 * f.total + 4 * f.lora(8)
+
+
+def test_a_cpu_memory_budget_sizes_the_micro_batch_and_the_generation_rows(smollm2_facts):
+    from nego.training.config import model_preset
+    from nego.training.preflight import CPU_OVERHEAD
+
+    cfg = model_preset("smollm2")
+    assert cfg.memory_gb == 8
+    plans = [
+        plan(cfg, None, facts=smollm2_facts, lengths=SMOLLM2_LENGTHS, cpu_bytes=gb * GiB, cpu_source="test")
+        for gb in (6, 8, 12, 16, 64)
+    ]
+    for p, gb in zip(plans, (6, 8, 12, 16, 64), strict=True):
+        assert p.memory.peak <= gb * GiB - CPU_OVERHEAD and p.finetune == "full"
+        assert p.micro_batch * p.grad_accum == p.sequences == 8
+        assert p.apply(cfg).generation_rows == p.generation_rows
+    assert [p.micro_batch for p in plans] == sorted(p.micro_batch for p in plans)
+    assert [p.generation_rows for p in plans] == sorted(p.generation_rows for p in plans)
+    assert plans[1].generation_rows < plans[-1].generation_rows == 56  # 8 dev scenarios x 7 dev buyers
+    assert plans[-1].micro_batch == 8 and plans[1].micro_batch < 8
+    text = plans[1].describe()
+    assert "a CPU, memory budget 8.0 GiB (test" in text and "a dev evaluation plays that many negotiations" in text
+    unchecked = plan(cfg, None, facts=smollm2_facts, lengths=SMOLLM2_LENGTHS)
+    assert (unchecked.micro_batch, unchecked.generation_rows) == (8, 56)
+    assert "memory not checked" in unchecked.describe()
+
+
+def test_a_cpu_budget_too_small_is_refused_naming_memory_gb(smollm2_facts):
+    cfg = TrainConfig(model="smollm2")
+    with pytest.raises(PreflightError, match=r"does not fit this CPU's memory budget of 2\.0 GiB.*raise --memory-gb"):
+        plan(cfg, None, facts=smollm2_facts, lengths=SMOLLM2_LENGTHS, cpu_bytes=2 * GiB, cpu_source="test")
+
+
+def test_the_cpu_budget_is_memory_gb_else_a_share_of_the_available_ram(monkeypatch):
+    import psutil
+    from nego.training.preflight import CPU_AVAILABLE_SHARE, cpu_budget
+
+    assert cpu_budget(TrainConfig(model="smollm2", memory_gb=6.5)) == (int(6.5 * GiB), "--memory-gb 6.5")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 20 * GiB})())
+    got, source = cpu_budget(TrainConfig(model="smollm2"))
+    assert got == int(20 * GiB * CPU_AVAILABLE_SHARE) and "80% of the 20.0 GiB available" in source
+
+
+def test_given_generation_rows_are_kept(smollm2_facts):
+    cfg = TrainConfig(model="smollm2", generation_rows=5)
+    assert "generation_rows" in cfg.given
+    p = plan(cfg, None, facts=smollm2_facts, lengths=SMOLLM2_LENGTHS, given=cfg.given, cpu_bytes=64 * GiB)
+    assert p.generation_rows == 5 and p.apply(cfg).generation_rows == 5
+
+
 @pytest.mark.slow
 def test_train_on_a_tiny_gemma4_at_the_defaults_runs_without_a_token_cap_error(tok, tmp_path, monkeypatch):
     """Every default but the step count and batch sizes: 10 rounds, an auto episode cap from the preflight, auto

@@ -142,6 +142,10 @@ class HFBackend:
     def stats(self) -> BatchStats:
         return self.engine.stats
 
+    def forget_prompts(self) -> None:
+        """Drop the engine's stored prompt states (see :meth:`GenerationEngine.forget_prompts`)."""
+        self.engine.forget_prompts()
+
     @property
     def split_prefill(self) -> bool:
         return self.engine.split_prefill

@@ -165,6 +165,12 @@ class GenerationEngine:
         budget = int(prefix_cache_mb * 2**20)
         self.prefixes = PrefixCache(budget) if self.split_prefill and budget > 0 else None
 
+    def forget_prompts(self) -> None:
+        """Drop every stored prompt state (the weights they were read with are about to change, or nothing will
+        continue these conversations); the store starts empty with the same budget."""
+        if self.prefixes is not None:
+            self.prefixes = PrefixCache(self.prefixes.budget)
+
     def generate(self, rows: Sequence[Row]) -> list[Generated]:
         """Generate every row together; results in row order."""
         import torch

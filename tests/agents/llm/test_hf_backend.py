@@ -134,6 +134,25 @@ async def test_a_later_turn_reuses_the_earlier_prompt_and_answers_exactly_as_wit
     assert fresh.stats.prompt_tokens_reused == 0
 
 
+async def test_forgetting_the_stored_prompts_frees_them_and_changes_no_reply(tiny_model):
+    backend = HFBackend.from_spec(str(tiny_model), prefill_chunk=4)
+    messages = (ChatMessage("system", "You sell widgets. Price 120, quantity 5. " * 3), ChatMessage("user", "Go."))
+    ask = ChatRequest(messages, max_tokens=8, temperature=0.9, seed=3)
+    try:
+        first = await backend.complete(ask)
+        store = backend.engine.prefixes
+        assert store.used > 0 and store.blocks
+        backend.forget_prompts()
+        assert backend.engine.prefixes.used == 0 and not backend.engine.prefixes.blocks
+        assert backend.engine.prefixes.budget == store.budget
+        reused = backend.stats.prompt_tokens_reused
+        again = await backend.complete(ask)
+    finally:
+        await backend.aclose()
+    assert again.text == first.text
+    assert backend.stats.prompt_tokens_reused == reused  # read whole again: nothing was left to reuse
+
+
 @pytest.fixture(scope="module")
 def prefill_pair(tiny_model):
     return (
