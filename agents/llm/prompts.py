@@ -58,6 +58,7 @@ FIELDS: dict[str, str] = {
     "preference (the issues and priorities of small-model templates in one list)",
     "reply_line": "how to answer in one line of JSON, for small models (a template using it is answered in that "
     "form by the rule sellers a warm start imitates)",
+    "reply_line_ranges": "the same line with each issue's range or options written where its value goes",
 }
 
 
@@ -99,8 +100,10 @@ class PromptTemplate:
 
     @property
     def line_replies(self) -> bool:
-        """True when the template asks for a reply of one line of JSON (the ``reply_line`` field)."""
-        return any("reply_line" in t.get_identifiers() for t in (self.system, self.user))
+        """True when the template asks for a reply of one line of JSON (the ``reply_line`` or ``reply_line_ranges``
+        field)."""
+        used = {name for t in (self.system, self.user) for name in t.get_identifiers()}
+        return bool(used & {"reply_line", "reply_line_ranges"})
 
     @property
     def turn_fields_used(self) -> frozenset[str]:
@@ -276,6 +279,7 @@ def static_fields(view: ScenarioView, *, tools: bool) -> dict[str, str]:
         "max_rounds": str(view.max_rounds),
         "reply_format": _reply_format(view, tools),
         "reply_line": _reply_line(view),
+        "reply_line_ranges": _reply_line(view, ranges=True),
         "terms": _terms(view),
     }
 
@@ -442,8 +446,8 @@ def _reply_format(view: ScenarioView, tools: bool) -> str:
     )
 
 
-def _reply_line(view: ScenarioView) -> str:
-    shape = ", ".join(f'"{i.name}": ...' for i in view.issues)
+def _reply_line(view: ScenarioView, *, ranges: bool = False) -> str:
+    shape = ", ".join(f'"{i.name}": {f"<{_value_hint(i)}>" if ranges else "..."}' for i in view.issues)
     return (
         f'Reply with one line of JSON: {{"action": "offer", "offer": {{{shape}}}}}, {{"action": "accept"}} or '
         '{"action": "walk_away"}.'

