@@ -13,7 +13,9 @@ the rendering extends the sequence recorded so far (the template must be prefix-
 after the last prompt begin with the model's previous reply as the template writes it: as long as they equal the
 ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
 difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
-the template's) the rendered ids are context (mask 0), as is everything after the reply. So the training sequence
+the template's) the rendered ids are context (mask 0), as is everything after the reply. A reply the layout
+withholds (an invalid one, with ``invalid_replies = withheld``) is not in the sequence at all: its ids are not trained,
+and the empty assistant message written in its place is context. So the training sequence
 at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly the
 context it is trained in.
 """
@@ -28,7 +30,7 @@ from typing import Any, Protocol
 from nego.agents.llm.backends.base import ChatMessage, ChatRequest, ChatResponse
 from nego.agents.llm.backends.hf import chat_ids, reply_text
 from nego.agents.llm.backends.hf_engine import Generated, end_ids
-from nego.agents.llm.chat_layout import CHAT_TEMPLATE
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE, WITHHELD
 from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.llm.prompts import load_template
 from nego.agents.trace import TokenTrace
@@ -86,9 +88,12 @@ class ChatTrace:
     """Ids the model generated so far."""
     context_only: int = 0
     """Generated ids kept out of the loss because the rendering of the conversation writes them differently."""
+    withheld: int = 0
+    """Generated ids of replies the layout withholds (invalid moves): in no sequence, so never trained."""
 
-    def extend(self, rendered: list[int]) -> None:
-        """Take the rendering of the whole conversation, up to the next generation prompt, as the sequence so far."""
+    def extend(self, rendered: list[int], *, withheld: bool = False) -> None:
+        """Take the rendering of the whole conversation, up to the next generation prompt, as the sequence so far;
+        ``withheld``: the rendering writes the previous reply as an empty message in place of what was generated."""
         if not self.prompt:
             self.prompt = list(rendered)
             return
@@ -101,11 +106,14 @@ class ChatTrace:
         tail = rendered[known:]
         own = self._take_pending()
         same = 0
-        for a, b in zip(own.ids, tail, strict=False):
+        for a, b in zip(() if withheld else own.ids, tail, strict=False):
             if a != b:
                 break
             same += 1
-        self.context_only += len(own.ids) - same
+        if withheld:
+            self.withheld += len(own.ids)
+        else:
+            self.context_only += len(own.ids) - same
         self.ids += tail
         self.mask += [1] * same + [0] * (len(tail) - same)
         self.logprobs += list(own.logprobs[:same]) + [0.0] * (len(tail) - same)
@@ -212,7 +220,9 @@ class TraceBackend:
     async def complete(self, request: ChatRequest) -> ChatResponse:
         policy = self.policy
         ids = chat_ids(policy.tokenizer, request.messages)
-        self.trace.extend(ids)
+        previous = request.messages[-2] if len(request.messages) > 2 else None
+        withheld = policy.template.withhold_invalid and previous is not None and previous.content == WITHHELD
+        self.trace.extend(ids, withheld=withheld)
         temperature = 1.0 if request.temperature is None else request.temperature
         out = await policy.generator.generate(ids, request.max_tokens, temperature, request.seed)
         self.trace.generated(out)

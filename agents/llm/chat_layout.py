@@ -4,7 +4,12 @@ With a conversation template (one with an ``[update]`` section, such as :data:`C
 growing conversation: the template's system and user messages for this side's first observation, then for each of
 its earlier replies an assistant message holding that reply's text, followed by a user message rendered from the
 observation it replied to and the next one (the other side's new moves, feedback on an invalid reply, the round).
-Any other template renders a fresh system and user message from the current observation every turn.
+Any other template renders a fresh system and user message from the current observation every turn. A template whose
+layout withholds invalid replies (``invalid_replies = withheld``) writes each reply that was not a legal move as an
+empty assistant message: the model reads the feedback on it but never its own mistake, which a small model otherwise
+copies into every later attempt. Whether a reply was a legal move is read from the two observations around it, as
+the update message reads it: a retry of the same round means it was not; otherwise it was if this side's move of
+that round joined the public history.
 
 The layout is a pure function of what this side saw and said: the observations it acted on and its replies to them
 (:class:`Exchange`). The public history holds only valid moves, and never the text of a reply, so the negotiator
@@ -55,6 +60,18 @@ def chat_messages(
     messages = list(template.render(first, tools=tools, cache=cache))
     for i, exchange in enumerate(exchanges):
         following = exchanges[i + 1].obs if i + 1 < len(exchanges) else obs
-        messages.append(ChatMessage("assistant", exchange.reply))
+        shown = not template.withhold_invalid or was_a_move(exchange.obs, following)
+        messages.append(ChatMessage("assistant", exchange.reply if shown else WITHHELD))
         messages.append(template.render_update(exchange.obs, following, tools=tools, cache=cache))
     return tuple(messages)
+
+
+WITHHELD = ""
+"""What a layout that withholds invalid replies writes in place of one."""
+
+
+def was_a_move(before: Observation, following: Observation) -> bool:
+    """Whether this side's reply to ``before`` was a legal move, seen from its next observation ``following``."""
+    if following.round == before.round:
+        return False  # asked again in the same round: the reply was refused
+    return any(move.role is before.role for move in following.history[len(before.history) :])

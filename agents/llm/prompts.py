@@ -7,9 +7,12 @@ side's own brief and preferences, the public scenario and history), so a templat
 private information. A template with an ``[update]`` section lays a negotiation out as one conversation (see
 :mod:`nego.agents.llm.chat_layout`): the system and user messages open it, and after each of this side's replies the
 update section, rendered from the observation before that reply and the next one, becomes the next user message;
-it may also use the fields in :data:`UPDATE_FIELDS`. Built-in templates live in ``nego/agents/llm/prompts/<name>.txt``;
-any other file can be given by path. A template's id, ``<name>:<first 8 hex of the file's sha256>``, is recorded
-with every action.
+it may also use the fields in :data:`UPDATE_FIELDS`. A conversation template may end with a ``[layout]`` section of
+``key = value`` lines (see :data:`LAYOUT_OPTIONS`): ``invalid_replies = withheld`` writes each of this side's replies
+that was not a legal move as an empty assistant message in the rest of the conversation, so the model never reads
+its own mistakes back (the feedback still says what was wrong). Built-in templates live in
+``nego/agents/llm/prompts/<name>.txt``; any other file can be given by path. A template's id,
+``<name>:<first 8 hex of the file's sha256>``, is recorded with every action.
 """
 
 from __future__ import annotations
@@ -69,7 +72,10 @@ UPDATE_FIELDS: dict[str, str] = {
 }
 """Fields only the ``[update]`` section of a conversation template can use."""
 
-SECTIONS = ("system", "user", "update")
+SECTIONS = ("system", "user", "update", "layout")
+
+LAYOUT_OPTIONS: dict[str, tuple[str, ...]] = {"invalid_replies": ("shown", "withheld")}
+"""The keys of a ``[layout]`` section and their values, the first of each the default."""
 
 STATIC_FIELDS = frozenset(FIELDS) - {
     "round",
@@ -97,6 +103,8 @@ class PromptTemplate:
     system: Template
     user: Template
     update: Template | None = None
+    withhold_invalid: bool = False
+    """Replies that were not legal moves are written as empty assistant messages (``invalid_replies = withheld``)."""
 
     @property
     def line_replies(self) -> bool:
@@ -241,6 +249,9 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
     missing = [s for s in ("system", "user") if s not in sections]
     if missing:
         raise TemplateError(f"{origin}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
+    layout = _layout(sections.pop("layout", []), origin)
+    if layout["invalid_replies"] != "shown" and "update" not in sections:
+        raise TemplateError(f"{origin}, [layout]: only a conversation template (one with [update]) has a layout")
     parts = {k: Template("\n".join(v)) for k, v in sections.items()}
     for section, template in parts.items():
         if not template.is_valid():
@@ -253,7 +264,28 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
                 f"the fields are {', '.join('$' + f for f in known)}"
             )
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-    return PromptTemplate(name, f"{name}:{digest}", parts["system"], parts["user"], parts.get("update"))
+    return PromptTemplate(
+        name,
+        f"{name}:{digest}",
+        parts["system"],
+        parts["user"],
+        parts.get("update"),
+        withhold_invalid=layout["invalid_replies"] == "withheld",
+    )
+
+
+def _layout(lines: list[str], origin: str) -> dict[str, str]:
+    """The ``[layout]`` section's options, each checked against :data:`LAYOUT_OPTIONS` (defaults for the rest)."""
+    options = {key: values[0] for key, values in LAYOUT_OPTIONS.items()}
+    for line in lines:
+        if not line.strip():
+            continue
+        key, sep, value = (part.strip() for part in line.partition("="))
+        if not sep or key not in LAYOUT_OPTIONS or value not in LAYOUT_OPTIONS[key]:
+            known = "; ".join(f"{k} = {' | '.join(v)}" for k, v in LAYOUT_OPTIONS.items())
+            raise TemplateError(f"{origin}, [layout]: cannot read {line.strip()!r}; the options are {known}")
+        options[key] = value
+    return options
 
 
 def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:

@@ -89,6 +89,27 @@ def test_rollouts_through_the_market_give_one_sequence_per_negotiation_with_only
         assert user_turns == own_turns - 1  # one update between two seller turns
 
 
+def test_a_layout_that_withholds_invalid_replies_trains_none_of_their_ids(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tok = _tiny_chat_model(tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    policy = ChatPolicy(model, tok, max_new=6, template="negotiator-chat-small-v3")
+    jobs = [Job(sc, "learner", "tft", seed) for sc, seed in zip(split_scenarios("dev", 2, 3), [1, 2], strict=True)]
+    with EpisodeRunner({"learner": ChatFactory("learner", policy, 1.0)}) as runner:
+        played = [(r.trace, r.result) for r in runner.rollouts(jobs)]
+    withheld = sum(t.withheld for t in policy.traces)
+    assert withheld > 0 and policy.context_only_share == 0.0  # a random model's replies are invalid
+    for trace, result in played:
+        attempts = [t for t in result.turns if t.role.value == "seller"]
+        text = tok.decode(list(trace.prompt_ids + trace.completion_ids))
+        empty = "<|im_start|>assistant\n<|im_end|>"
+        # every invalid reply but the episode's last is written as an empty message; the last is trained as sampled
+        assert text.count(empty) == sum(1 for t in attempts[:-1] if not t.valid)
+        trained = sum(trace.mask)
+        assert trained <= 6 * (1 + sum(1 for t in attempts[:-1] if t.valid))
+
+
 def test_a_non_prefix_preserving_template_is_refused(tmp_path):
     tok = _tiny_chat_model(tmp_path / "m")
     tok.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}<|im_end|>{% endfor %}"

