@@ -24,8 +24,10 @@ REAL_DEFAULT_LR = 1e-6
 REAL_DEFAULT_TEMPERATURE = 1.0
 CHAT_LEARNER_MAX_TOKENS = 4096
 """The in-market learner's episode cap for chat models: generous, since each turn is capped on its own."""
-SMALL_TEMPLATE = "negotiator-chat-small-v1"
-"""The conversation template of small models: the same layout in about half the tokens, replies of one JSON line."""
+SMALL_TEMPLATE = "negotiator-chat-small-v3"
+"""The conversation template of small models: the same layout in about half the tokens, replies of one JSON line, and
+invalid replies withheld from the rest of the conversation (chosen on the dev split,
+``bench/results/smollm2_reply_ranges.txt``)."""
 CHAT_SFT_EPISODES, CHAT_SFT_LR, CHAT_SFT_BATCH = 240, 5e-5, 4
 SMOLLM2_SFT_STEPS = 30
 """SmolLM2's warm start: it writes prose until taught the reply format (other checkpoints get none by default)."""

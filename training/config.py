@@ -108,7 +108,8 @@ class TrainConfig:
     template: str = _f(
         "",
         "conversation template a chat model is trained and played on (a built-in name or a file); empty = "
-        "negotiator-chat-small-v1 for smollm2 (about half the tokens), negotiator-chat-v1 otherwise",
+        "negotiator-chat-small-v3 for smollm2 (about half the tokens, invalid replies withheld), negotiator-chat-v1 "
+        "otherwise",
     )
     train_buyers: list[str] = field(
         default_factory=lambda: list(DEFAULT_TRAIN_BUYERS),

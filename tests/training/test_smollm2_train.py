@@ -47,7 +47,7 @@ def test_a_short_smollm2_run_registers_a_warm_start_and_a_trained_model_that_pla
     base, trained = entries["smollm2-bc"], entries["smollm2-bc-rl"]
     assert base["path"].endswith("smollm2-bc/base") and base["steps"] == 1 and trained["base"] == "smollm2-bc"
     for entry in (base, trained):
-        assert entry["config"]["template"] == "negotiator-chat-small-v1" and entry["config"]["model"] == "smollm2"
+        assert entry["config"]["template"] == "negotiator-chat-small-v3" and entry["config"]["model"] == "smollm2"
     scenario = tmp_path / "bike.toml"
     text = (ROOT / "scenarios" / "data" / "used_bike.toml").read_text()
     scenario.write_text(text.replace("max_rounds = 6", "max_rounds = 2"))
