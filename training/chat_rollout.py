@@ -13,11 +13,11 @@ the rendering extends the sequence recorded so far (the template must be prefix-
 after the last prompt begin with the model's previous reply as the template writes it: as long as they equal the
 ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
 difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
-the template's) the rendered ids are context (mask 0), as is everything after the reply. A reply the layout
-withholds (an invalid one, with ``invalid_replies = withheld``) is not in the sequence at all: its ids are not trained,
-and the empty assistant message written in its place is context. So the training sequence
-at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly the
-context it is trained in.
+the template's) the rendered ids are context (mask 0), as is everything after the reply. A reply the layout withholds
+(an invalid one, with ``invalid_replies = withheld``) is not in the sequence at all: its ids are not trained, and what
+the layout writes in its place (an empty assistant message, or the last legal reply) is context. So the training
+sequence at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly
+the context it is trained in.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from nego.agents.llm.backends.base import ChatMessage, ChatRequest, ChatResponse
 from nego.agents.llm.backends.hf import chat_ids, reply_text
 from nego.agents.llm.backends.hf_engine import Generated, end_ids
-from nego.agents.llm.chat_layout import CHAT_TEMPLATE, WITHHELD
+from nego.agents.llm.chat_layout import CHAT_TEMPLATE
 from nego.agents.llm.negotiator import LLMNegotiator
 from nego.agents.llm.prompts import load_template
 from nego.agents.trace import TokenTrace
@@ -93,7 +93,7 @@ class ChatTrace:
 
     def extend(self, rendered: list[int], *, withheld: bool = False) -> None:
         """Take the rendering of the whole conversation, up to the next generation prompt, as the sequence so far;
-        ``withheld``: the rendering writes the previous reply as an empty message in place of what was generated."""
+        ``withheld``: the layout withheld the previous reply (an invalid one) and wrote something else in its place."""
         if not self.prompt:
             self.prompt = list(rendered)
             return
@@ -215,18 +215,20 @@ class TraceBackend:
         self.policy = policy
         self.model = "policy"
         self.trace = ChatTrace()
+        self.last_reply = ""
+        """The text of the reply generated last: a conversation that writes another there withheld it."""
         policy.traces.append(self.trace)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         policy = self.policy
         ids = chat_ids(policy.tokenizer, request.messages)
         previous = request.messages[-2] if len(request.messages) > 2 else None
-        withheld = policy.template.withhold_invalid and previous is not None and previous.content == WITHHELD
+        withheld = policy.template.withhold_invalid and previous is not None and previous.content != self.last_reply
         self.trace.extend(ids, withheld=withheld)
         temperature = 1.0 if request.temperature is None else request.temperature
         out = await policy.generator.generate(ids, request.max_tokens, temperature, request.seed)
         self.trace.generated(out)
-        text = reply_text(policy.tokenizer, out, policy.eos_ids)
+        text = self.last_reply = reply_text(policy.tokenizer, out, policy.eos_ids)
         return ChatResponse(text, usage=Usage(len(ids), len(out.ids), calls=1), truncated=not out.stopped)
 
     async def aclose(self) -> None:

@@ -4,12 +4,14 @@ With a conversation template (one with an ``[update]`` section, such as :data:`C
 growing conversation: the template's system and user messages for this side's first observation, then for each of
 its earlier replies an assistant message holding that reply's text, followed by a user message rendered from the
 observation it replied to and the next one (the other side's new moves, feedback on an invalid reply, the round).
-Any other template renders a fresh system and user message from the current observation every turn. A template whose
-layout withholds invalid replies (``invalid_replies = withheld``) writes each reply that was not a legal move as an
-empty assistant message: the model reads the feedback on it but never its own mistake, which a small model otherwise
-copies into every later attempt. Whether a reply was a legal move is read from the two observations around it, as
-the update message reads it: a retry of the same round means it was not; otherwise it was if this side's move of
-that round joined the public history.
+Any other template renders a fresh system and user message from the current observation every turn.
+
+A template whose layout withholds invalid replies (``invalid_replies = withheld``) writes each reply that was not a
+legal move as an empty assistant message: the model reads the feedback on it but never its own mistake, which a small
+model otherwise copies into every later attempt (``invalid_replies = last_move`` writes this side's last legal reply
+there instead, since a small model may copy an empty message too). Whether a reply was a legal move is read from the
+two observations around it, as the update message reads it: a retry of the same round means it was not; otherwise it
+was if this side's move of that round joined the public history.
 
 The layout is a pure function of what this side saw and said: the observations it acted on and its replies to them
 (:class:`Exchange`). The public history holds only valid moves, and never the text of a reply, so the negotiator
@@ -58,10 +60,14 @@ def chat_messages(
     cache = cache if cache is not None else RenderCache()
     first = exchanges[0].obs if exchanges else obs
     messages = list(template.render(first, tools=tools, cache=cache))
+    last_move = WITHHELD
     for i, exchange in enumerate(exchanges):
         following = exchanges[i + 1].obs if i + 1 < len(exchanges) else obs
-        shown = not template.withhold_invalid or was_a_move(exchange.obs, following)
-        messages.append(ChatMessage("assistant", exchange.reply if shown else WITHHELD))
+        if not template.withhold_invalid or was_a_move(exchange.obs, following):
+            text = last_move = exchange.reply
+        else:
+            text = last_move if template.invalid_replies == "last_move" else WITHHELD
+        messages.append(ChatMessage("assistant", text))
         messages.append(template.render_update(exchange.obs, following, tools=tools, cache=cache))
     return tuple(messages)
 

@@ -9,9 +9,10 @@ private information. A template with an ``[update]`` section lays a negotiation 
 update section, rendered from the observation before that reply and the next one, becomes the next user message;
 it may also use the fields in :data:`UPDATE_FIELDS`. A conversation template may end with a ``[layout]`` section of
 ``key = value`` lines (see :data:`LAYOUT_OPTIONS`): ``invalid_replies = withheld`` writes each of this side's replies
-that was not a legal move as an empty assistant message in the rest of the conversation, so the model never reads
-its own mistakes back (the feedback still says what was wrong). Built-in templates live in
-``nego/agents/llm/prompts/<name>.txt``; any other file can be given by path. A template's id,
+that was not a legal move as an empty assistant message in the rest of the conversation, so the model never reads its
+own mistakes back (the feedback still says what was wrong); ``invalid_replies = last_move`` writes this side's last
+legal reply there instead, so that what a model copies from its own earlier replies is a legal move. Built-in templates
+live in ``nego/agents/llm/prompts/<name>.txt``; any other file can be given by path. A template's id,
 ``<name>:<first 8 hex of the file's sha256>``, is recorded with every action.
 """
 
@@ -74,7 +75,7 @@ UPDATE_FIELDS: dict[str, str] = {
 
 SECTIONS = ("system", "user", "update", "layout")
 
-LAYOUT_OPTIONS: dict[str, tuple[str, ...]] = {"invalid_replies": ("shown", "withheld")}
+LAYOUT_OPTIONS: dict[str, tuple[str, ...]] = {"invalid_replies": ("shown", "withheld", "last_move")}
 """The keys of a ``[layout]`` section and their values, the first of each the default."""
 
 STATIC_FIELDS = frozenset(FIELDS) - {
@@ -103,8 +104,14 @@ class PromptTemplate:
     system: Template
     user: Template
     update: Template | None = None
-    withhold_invalid: bool = False
-    """Replies that were not legal moves are written as empty assistant messages (``invalid_replies = withheld``)."""
+    invalid_replies: str = "shown"
+    """How the rest of a conversation writes a reply that was not a legal move: as it was (``shown``), as an empty
+    assistant message (``withheld``), or as this side's last legal reply, empty before the first (``last_move``)."""
+
+    @property
+    def withhold_invalid(self) -> bool:
+        """True when the conversation does not show this side's invalid replies."""
+        return self.invalid_replies != "shown"
 
     @property
     def line_replies(self) -> bool:
@@ -270,7 +277,7 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
         parts["system"],
         parts["user"],
         parts.get("update"),
-        withhold_invalid=layout["invalid_replies"] == "withheld",
+        invalid_replies=layout["invalid_replies"],
     )
 
 

@@ -25,11 +25,21 @@ from nego.scenarios.scenario import Role
 from ...conftest import make_widget_scenario
 
 CHAT = load_template(CHAT_TEMPLATE)
-WITHHOLDING = parse_template(
-    "chat-withheld",
-    (resources.files("nego.agents.llm") / "prompts" / f"{CHAT_TEMPLATE}.txt").read_text().rstrip("\n")
-    + "\n[layout]\ninvalid_replies = withheld\n",
-)
+CHAT_TEXT = (resources.files("nego.agents.llm") / "prompts" / f"{CHAT_TEMPLATE}.txt").read_text().rstrip("\n")
+WITHHOLDING = parse_template("chat-withheld", CHAT_TEXT + "\n[layout]\ninvalid_replies = withheld\n")
+LAST_MOVE = parse_template("chat-last-move", CHAT_TEXT + "\n[layout]\ninvalid_replies = last_move\n")
+
+
+def expected_replies(template, exchanges, valid) -> list[str]:
+    """What the conversation writes for each earlier reply under ``template``'s layout."""
+    out, last = [], WITHHELD
+    for e, ok in zip(exchanges, valid, strict=False):
+        if ok or template.invalid_replies == "shown":
+            out.append(e.reply)
+            last = e.reply
+        else:
+            out.append(last if template.invalid_replies == "last_move" else WITHHELD)
+    return out
 
 
 @dataclass
@@ -145,7 +155,7 @@ REPLIES = st.sampled_from(
     seed=st.integers(0, 500),
     opener=st.sampled_from(Role),
     buyer=st.sampled_from(["tft", "boulware", "hardliner", "walker"]),
-    template=st.sampled_from([CHAT, WITHHOLDING]),
+    template=st.sampled_from([CHAT, WITHHOLDING, LAST_MOVE]),
 )
 def test_the_layout_is_a_pure_function_of_the_exchanges(replies, seed, opener, buyer, template):
     scenario = generate_scenario(seed, index=seed % 7).with_opener(opener)
@@ -164,8 +174,7 @@ def test_the_layout_is_a_pure_function_of_the_exchanges(replies, seed, opener, b
             assert rebuilt[: 2 * k] == backend.requests[k - 1].messages
         # each earlier reply verbatim, or withheld exactly when it was not a legal move
         written = [m.content for m in rebuilt if m.role == "assistant"]
-        hide = template.withhold_invalid
-        assert written == [e.reply if ok or not hide else WITHHELD for e, ok in zip(exchanges, valid, strict=False)][:k]
+        assert written == expected_replies(template, exchanges[:k], valid)
     assert all(isinstance(e, Exchange) and e.obs.role is Role.SELLER for e in exchanges)
 
 
@@ -176,8 +185,9 @@ def test_a_layout_section_is_read_and_checked():
     assert small.withhold_invalid and small.system.template == load_template("negotiator-chat-small-v1").system.template
     base = "[system]\nhi\n[user]\nmove\n[update]\nnews\n[layout]\n"
     assert parse_template("x", base + "invalid_replies = shown\n\n").withhold_invalid is False
+    assert LAST_MOVE.withhold_invalid and load_template("negotiator-chat-small-v4").invalid_replies == "last_move"
     for bad in ("invalid_replies = hidden", "replies = withheld", "invalid_replies"):
-        with pytest.raises(TemplateError, match=r"\[layout\]: cannot read .*invalid_replies = shown \| withheld"):
+        with pytest.raises(TemplateError, match=r"\[layout\]: cannot read .*shown \| withheld \| last_move"):
             parse_template("x", base + bad + "\n")
     with pytest.raises(TemplateError, match="only a conversation template"):
         parse_template("x", "[system]\nhi\n[user]\nmove\n[layout]\ninvalid_replies = withheld\n")
@@ -199,3 +209,17 @@ def test_a_withheld_reply_is_an_empty_message_and_its_feedback_stays():
     retry = backend.requests[2].messages[-1].content
     assert "Your previous reply was not a valid move" in retry and "price" in retry  # what was wrong is still said
     assert "Your last reply was not a valid move, so your turn passed." in backend.requests[5].messages[-1].content
+
+
+def test_last_move_writes_the_last_legal_reply_in_place_of_an_invalid_one():
+    replies = ["no idea", offer_reply(150), offer_reply(999_999), offer_reply(140), "still no idea", offer_reply(135)]
+    _, backend, result = play(replies, template=LAST_MOVE, max_rounds=5)
+    assert result.outcome.invalid_seller >= 3
+    last = backend.requests[-1].messages
+    assert [m.content for m in last if m.role == "assistant"][:5] == [
+        WITHHELD,  # invalid before any legal reply: nothing to show yet
+        replies[1],
+        replies[1],  # the price out of range, written as the last legal reply
+        replies[3],
+        replies[3],
+    ]
