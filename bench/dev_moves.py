@@ -31,14 +31,9 @@ def report(run_dir: Path) -> list[str]:
     from nego.market.rates import deal_rate_expr, invalid_per_move
     from nego.training.evaluate import DEV_ARM
 
-    root = run_dir / "transcripts"
-    negs = pl.read_parquet(root / "negotiations" / "*.parquet").filter(pl.col("arm") == DEV_ARM)
+    negs, seller = seller_moves(run_dir / "transcripts", pl.col("arm") == DEV_ARM, "step")
     if negs.is_empty():
         return [f"{run_dir.name}: no dev evaluation in its transcripts"]
-    turns = pl.read_parquet(root / "turns" / "*.parquet", columns=["negotiation_id", "role", "valid", "feedback"])
-    seller = turns.filter(pl.col("role") == "seller").join(
-        negs.select("negotiation_id", "step", "scenario_id"), on="negotiation_id"
-    )
     lines = [f"{run_dir.name}"]
     for (step,), part in sorted(seller.group_by("step"), key=lambda g: g[0][0]):
         played = negs.filter(pl.col("step") == step)
@@ -50,11 +45,34 @@ def report(run_dir: Path) -> list[str]:
             f"{invalid.height} ({share:.1%}), deal rate {summary['deals'][0]:.2f}, mean seller utility "
             f"{summary['u'][0]:.3f}"
         )
-        for sid, k in invalid.group_by("scenario_id").len().sort("len", descending=True).head(4).iter_rows():
-            lines.append(f"      {k:4d} invalid in {sid}")
-        reasons = invalid.select(pl.col("feedback").fill_null("").map_elements(reason, return_dtype=pl.String))
-        for text, k in reasons.to_series().value_counts(sort=True).head(4).iter_rows():
-            lines.append(f"      {k:4d}  {text}")
+        lines += where_and_why(invalid)
+    return lines
+
+
+def seller_moves(root: Path, which, by: str):
+    """(the negotiations of a transcript folder that ``which`` selects, the seller's moves in them with their
+    scenario and the column ``by``)."""
+    import polars as pl
+
+    negs = pl.read_parquet(root / "negotiations" / "*.parquet").filter(which)
+    turns = pl.read_parquet(root / "turns" / "*.parquet", columns=["negotiation_id", "role", "valid", "feedback"])
+    moves = turns.filter(pl.col("role") == "seller").join(
+        negs.select("negotiation_id", by, "scenario_id"), on="negotiation_id"
+    )
+    return negs, moves
+
+
+def where_and_why(invalid) -> list[str]:
+    """The four scenarios with the most invalid moves and the four commonest reasons, of a table of invalid seller
+    moves (columns ``scenario_id`` and ``feedback``)."""
+    import polars as pl
+
+    lines = []
+    for sid, k in invalid.group_by("scenario_id").len().sort("len", descending=True).head(4).iter_rows():
+        lines.append(f"      {k:4d} invalid in {sid}")
+    reasons = invalid.select(pl.col("feedback").fill_null("").map_elements(reason, return_dtype=pl.String))
+    for text, k in reasons.to_series().value_counts(sort=True).head(4).iter_rows():
+        lines.append(f"      {k:4d}  {text}")
     return lines
 
 

@@ -14,21 +14,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from dev_moves import reason
+from dev_moves import seller_moves, where_and_why
 
 
 def report(eval_dir: Path, seller: str) -> list[str]:
     import polars as pl
     from nego.market.rates import invalid_per_move
 
-    root = eval_dir / "transcripts"
-    negs = pl.read_parquet(root / "negotiations" / "*.parquet").filter(pl.col("seller") == seller)
+    negs, moves = seller_moves(eval_dir / "transcripts", pl.col("seller") == seller, "buyer")
     if negs.is_empty():
         return [f"{seller}: not in this evaluation"]
-    turns = pl.read_parquet(root / "turns" / "*.parquet", columns=["negotiation_id", "role", "valid", "feedback"])
-    moves = turns.filter(pl.col("role") == "seller").join(
-        negs.select("negotiation_id", "buyer", "scenario_id"), on="negotiation_id"
-    )
     lines = [f"{seller}: {negs.height} negotiations"]
     buyers = sorted(negs["buyer"].unique())
     parts = [("both buyers", moves, negs)]
@@ -41,13 +36,7 @@ def report(eval_dir: Path, seller: str) -> list[str]:
             f"  {name}: seller moves {part.height}, invalid {bad} ({invalid_per_move(bad, part.height):.1%}); "
             f"ended: {ended}"
         )
-    invalid = moves.filter(~pl.col("valid"))
-    for sid, k in invalid.group_by("scenario_id").len().sort("len", descending=True).head(4).iter_rows():
-        lines.append(f"      {k:4d} invalid in {sid}")
-    reasons = invalid.select(pl.col("feedback").fill_null("").map_elements(reason, return_dtype=pl.String))
-    for text, k in reasons.to_series().value_counts(sort=True).head(4).iter_rows():
-        lines.append(f"      {k:4d}  {text}")
-    return lines
+    return lines + where_and_why(moves.filter(~pl.col("valid")))
 
 
 def main() -> int:
