@@ -174,7 +174,7 @@ def test_smollm2_runs_start_from_their_preset_and_keep_the_shipped_name_free():
 
     cfg = build_config(None, {"model": "smollm2"})
     assert cfg == model_preset("smollm2") and cfg.model == "smollm2"
-    assert cfg.run_name == "smollm2-bc" and cfg.template_name == SMALL
+    assert cfg.run_name == "smollm2-bc" and cfg.template_name == SMALL_WITHHELD
     assert cfg.sampling_temperature == 0.5 and TrainConfig(model="4.5b").sampling_temperature == 1.0
     assert build_config(None, {"model": "smollm2", "steps": 3}).steps == 3
     assert build_config(None, {}) == TrainConfig()
