@@ -8,7 +8,7 @@ private information. A template with an ``[update]`` section lays a negotiation 
 :mod:`nego.agents.llm.chat_layout`): the system and user messages open it, and after each of this side's replies the
 update section, rendered from the observation before that reply and the next one, becomes the next user message;
 it may also use the fields in :data:`UPDATE_FIELDS`. A conversation template may end with a ``[layout]`` section of
-``key = value`` lines (see :data:`LAYOUT_OPTIONS`): ``invalid_replies = withheld`` writes each of this side's replies
+``key = value`` lines (see :mod:`.template_layout`): ``invalid_replies = withheld`` writes each of this side's replies
 that was not a legal move as an empty assistant message in the rest of the conversation, so the model never reads its
 own mistakes back (the feedback still says what was wrong); ``invalid_replies = last_move`` writes this side's last
 legal reply there instead, so that what a model copies from its own earlier replies is a legal move. Built-in templates
@@ -35,6 +35,7 @@ from nego.scenarios.scenario import ScenarioView
 
 from ..trend import trend_sentence
 from .backends.base import ACTION_TOOLS, ChatMessage
+from .template_layout import TemplateError, read_layout
 
 DEFAULT_TEMPLATE = "negotiator-v2"
 
@@ -75,8 +76,6 @@ UPDATE_FIELDS: dict[str, str] = {
 
 SECTIONS = ("system", "user", "update", "layout")
 
-LAYOUT_OPTIONS: dict[str, tuple[str, ...]] = {"invalid_replies": ("shown", "withheld", "last_move")}
-"""The keys of a ``[layout]`` section and their values, the first of each the default."""
 
 STATIC_FIELDS = frozenset(FIELDS) - {
     "round",
@@ -88,10 +87,6 @@ STATIC_FIELDS = frozenset(FIELDS) - {
     "trend",
 }
 """Fields that do not change during one side's negotiation (computed once per negotiator)."""
-
-
-class TemplateError(ValueError):
-    """A prompt template file that cannot be used (missing section, unknown field, unreadable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +251,7 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
     missing = [s for s in ("system", "user") if s not in sections]
     if missing:
         raise TemplateError(f"{origin}: missing section(s) {', '.join(f'[{s}]' for s in missing)}")
-    layout = _layout(sections.pop("layout", []), origin)
+    layout = read_layout(sections.pop("layout", []), origin)
     if layout["invalid_replies"] != "shown" and "update" not in sections:
         raise TemplateError(f"{origin}, [layout]: only a conversation template (one with [update]) has a layout")
     parts = {k: Template("\n".join(v)) for k, v in sections.items()}
@@ -279,20 +274,6 @@ def parse_template(name: str, text: str, *, origin: str = "<string>") -> PromptT
         parts.get("update"),
         invalid_replies=layout["invalid_replies"],
     )
-
-
-def _layout(lines: list[str], origin: str) -> dict[str, str]:
-    """The ``[layout]`` section's options, each checked against :data:`LAYOUT_OPTIONS` (defaults for the rest)."""
-    options = {key: values[0] for key, values in LAYOUT_OPTIONS.items()}
-    for line in lines:
-        if not line.strip():
-            continue
-        key, sep, value = (part.strip() for part in line.partition("="))
-        if not sep or key not in LAYOUT_OPTIONS or value not in LAYOUT_OPTIONS[key]:
-            known = "; ".join(f"{k} = {' | '.join(v)}" for k, v in LAYOUT_OPTIONS.items())
-            raise TemplateError(f"{origin}, [layout]: cannot read {line.strip()!r}; the options are {known}")
-        options[key] = value
-    return options
 
 
 def prompt_fields(obs: Observation, *, tools: bool) -> dict[str, str]:
