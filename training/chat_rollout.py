@@ -14,10 +14,10 @@ after the last prompt begin with the model's previous reply as the template writ
 ids the model sampled, those are trained (loss mask 1, with their sampling log-probabilities); from the first
 difference on (a reply the tokenizer would encode differently, a template that trims replies, a stop id other than
 the template's) the rendered ids are context (mask 0), as is everything after the reply. A reply the layout withholds
-(an invalid one, with ``invalid_replies = withheld``) is not in the sequence at all: its ids are not trained, and what
-the layout writes in its place (an empty assistant message, or the last legal reply) is context. So the training
-sequence at every turn *is* the prompt the model receives when it is played, and every trained id was sampled in exactly
-the context it is trained in.
+(an invalid one, under ``invalid_replies = withheld`` or ``last_move``) is not in the sequence at all: its ids are not
+trained, and what the layout writes in its place (an empty assistant message, or the last legal reply) is context. So
+the training sequence at every turn *is* the prompt the model receives when it is played, and every trained id was
+sampled in exactly the context it is trained in.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from nego.market.types import Observation
 
 from .backends.base import ChatMessage
-from .prompts import PromptTemplate, RenderCache
+from .prompts import PromptTemplate, RenderCache, was_a_move
 
 CHAT_TEMPLATE = "negotiator-chat-v1"
 """The conversation template chat models are trained on (and so played with, see the model registry)."""
@@ -74,10 +74,3 @@ def chat_messages(
 
 WITHHELD = ""
 """What a layout that withholds invalid replies writes in place of one."""
-
-
-def was_a_move(before: Observation, following: Observation) -> bool:
-    """Whether this side's reply to ``before`` was a legal move, seen from its next observation ``following``."""
-    if following.round == before.round:
-        return False  # asked again in the same round: the reply was refused
-    return any(move.role is before.role for move in following.history[len(before.history) :])

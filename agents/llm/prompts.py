@@ -353,7 +353,7 @@ def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
     if obs.round == before.round:
         return {"news": "", "news_brief": ""}
     new = obs.history[len(before.history) :]
-    passed = [] if any(move.role is obs.role for move in new) else ["Your last reply was not a valid move."]
+    passed = [] if was_a_move(before, obs) else ["Your last reply was not a valid move."]
     theirs = [move for move in new if move.role is not obs.role]
     other = obs.role.other.value
     none = [f"The {other} made no valid move, so its turn passed."]
@@ -363,6 +363,13 @@ def update_fields(before: Observation, obs: Observation) -> dict[str, str]:
         lines.insert(0, "Your last reply was not a valid move, so your turn passed.")
         brief = passed + brief
     return {"news": "\n".join(lines), "news_brief": "\n".join(brief)}
+
+
+def was_a_move(before: Observation, following: Observation) -> bool:
+    """Whether this side's reply to ``before`` was a legal move, seen from its next observation ``following``."""
+    if following.round == before.round:
+        return False  # asked again in the same round: the reply was refused
+    return any(move.role is before.role for move in following.history[len(before.history) :])
 
 
 def describe_offer(offer: Offer, view: ScenarioView) -> str:
