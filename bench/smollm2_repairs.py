@@ -109,8 +109,9 @@ def main() -> int:
         base = warm_start(rate, runs, args.threads, print)
         lines.append(f"sft_repairs={rate:g} (warm start of the smollm2 preset)")
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            lines += play(base, temperature, args.dev)
-            print("\n".join(lines[-7:]), flush=True)
+            played = play(base, temperature, args.dev)
+            lines += played
+            print("\n".join(played), file=sys.stderr, flush=True)  # progress; the report below is the record
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     lines.append(
         f"peak memory of this process {peak:.2f} GiB; load after " + " ".join(f"{x:.2f}" for x in os.getloadavg())
