@@ -52,7 +52,10 @@ class ChatKind:
         return f"hf:{path}"
 
     def check(self, cfg: TrainConfig) -> None:
-        pass
+        from .config import ConfigError
+
+        if cfg.offer_words != "levels":
+            raise ConfigError("offer_words: a chat model writes its offers in its reply format (aim is for tiny)")
 
     def resolve(self, cfg: TrainConfig) -> TrainConfig:
         """The warm start's auto fields; the others are the preflight's to decide, once the tokenizer is loaded."""

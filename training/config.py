@@ -30,6 +30,8 @@ GEMMA_SIZES: dict[str, str] = {
 }
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo")
 SFT_PICKS = ("mixture", "best")
+OFFER_WORDS = ("levels", "aim")
+"""How the tiny seller writes an offer (see :mod:`nego.agents.compact.protocol`)."""
 """How the warm start picks the rule-seller episodes it imitates (see :func:`nego.training.sft.record_transcripts`)."""
 # A market of buyers that end negotiations in different ways, parameters drawn per negotiation: time-dependent
 # buyers that may run out of patience at a round the seller cannot see or hold out above their reservation,
@@ -141,6 +143,11 @@ class TrainConfig:
         "which rule-seller episodes the warm start imitates: 'mixture' (each episode by one of sft_sellers, drawn) "
         "or 'best' (every seller plays each episode; the one with the highest seller utility is kept)",
     )
+    offer_words: str = _f(
+        "levels",
+        "how the tiny seller writes an offer: 'levels' (an own-value level per issue) or 'aim' (one word, the offer's "
+        "own utility in steps of 0.01, played as the cheapest outcome reaching it, as the rule sellers offer)",
+    )
     sft_repairs: float = _f(
         0.0,
         "share of the warm start's seller offers shown first as an invalid reply, with the protocol's feedback on "
@@ -237,6 +244,7 @@ class TrainConfig:
             (bool(self.sft_sellers), "sft_sellers must name at least one rule-based seller"),
             (0 <= self.sft_repairs <= 1, "sft_repairs must be in [0, 1]"),
             (self.sft_pick in SFT_PICKS, f"sft_pick must be one of {', '.join(SFT_PICKS)}, got {self.sft_pick!r}"),
+            (self.offer_words in OFFER_WORDS, f"offer_words must be one of {', '.join(OFFER_WORDS)}"),
             (self.threads >= 0 and self.time_budget_min >= 0, "threads and time_budget_min must be >= 0"),
             (self.memory_gb >= 0 and self.generation_rows >= 0, "memory_gb and generation_rows must be >= 0"),
         ]
@@ -249,9 +257,21 @@ class TrainConfig:
 
         refuse_held_out("train_buyers", self.train_buyers)
         refuse_held_out("sft_sellers", self.sft_sellers)
+        _resolve_all("sft_sellers", self.sft_sellers)
         check_league(self.train_buyers, kind.plays_league)
         BuyerPool(tuple(self.train_buyers)).check()
         return self
+
+
+def _resolve_all(name: str, specs: list[str]) -> None:
+    """Every spec resolves, so a typo fails before anything loads."""
+    from nego.agents.registry import resolve
+
+    for spec in specs:
+        try:
+            resolve(spec)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
 
 
 def no_deal_value(text: str) -> float | None:

@@ -130,11 +130,14 @@ def warm_start(cfg: TrainConfig) -> tuple[Any, Any, float]:
     from .tokenizer import build_tokenizer
 
     cfg = cfg.kind.resolve(cfg)
-    tok = build_tokenizer()
+    aims = cfg.offer_words == "aim"
+    tok = build_tokenizer(aims)
     model = build_tiny_model(tok, seed=cfg.seed)
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds, OPENERS)
     pool = BuyerPool(tuple(cfg.train_buyers)).rules()
-    traces = record_transcripts(scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed, pick=cfg.sft_pick)
+    traces = record_transcripts(
+        scenarios, cfg.sft_episodes, cfg.sft_sellers, pool, cfg.seed, pick=cfg.sft_pick, aims=aims
+    )
     r = behaviour_clone(model, tok, traces, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed)
     return model, tok, r.final_loss
 

@@ -32,15 +32,16 @@ if TYPE_CHECKING:
 class RecordingSeller:
     """Wraps a rule-based seller: plays its move as the compact protocol would express it, and records it."""
 
-    def __init__(self, inner: Negotiator) -> None:
+    def __init__(self, inner: Negotiator, aims: bool = False) -> None:
         self.inner = inner
+        self.aims = aims
         self.trace = CompactTrace(Role.SELLER)
 
     async def act(self, obs: Observation) -> Action:
         self.trace.observe(obs)
-        words = action_words(obs.scenario, await self.inner.act(obs))
+        words = action_words(obs.scenario, await self.inner.act(obs), self.aims)
         self.trace.add(words, own=True)
-        return parse_action(obs.scenario, words)
+        return parse_action(obs.scenario, words, self.trace.outcome_space(obs.scenario))
 
     def record(self, result: NegotiationResult) -> CompactTrace:
         self.trace.finish(result.outcome)
@@ -49,14 +50,16 @@ class RecordingSeller:
 
 @dataclass(frozen=True, slots=True)
 class RecordingFactory:
-    """A rule-based spec whose sellers are recorded in the compact protocol (its buyers play unchanged)."""
+    """A rule-based spec whose sellers are recorded in the compact protocol (its buyers play unchanged); ``aims``
+    records offers as aim words."""
 
     spec: str
     kind: str = "rule"
+    aims: bool = False
 
     def __call__(self, role: Role, seed: int) -> Negotiator:
         inner = resolve(self.spec)(role, seed)
-        return RecordingSeller(inner) if Role(role) is Role.SELLER else inner
+        return RecordingSeller(inner, self.aims) if Role(role) is Role.SELLER else inner
 
 
 WARM_START_ARM = "warm-start"
@@ -70,10 +73,13 @@ def record_transcripts(
     seed: int,
     writer: TranscriptWriter | None = None,
     pick: str = "mixture",
+    aims: bool = False,
 ) -> list[CompactTrace]:
     """``n`` rule-seller episodes recorded in the compact protocol: :func:`play_warm_start` with every seller
-    wrapped in a :class:`RecordingSeller`, the recorded trace of each kept episode."""
-    return [p.seller_record for p in play_warm_start(scenarios, n, sellers, pool, seed, writer, pick)]
+    wrapped in a :class:`RecordingSeller` (offers as aim words with ``aims``), the recorded trace of each kept
+    episode."""
+    played = play_warm_start(scenarios, n, sellers, pool, seed, writer, pick, aims=aims)
+    return [p.seller_record for p in played]
 
 
 def play_warm_start(
@@ -86,10 +92,12 @@ def play_warm_start(
     pick: str = "mixture",
     *,
     record: bool = True,
+    aims: bool = False,
 ) -> list[Played]:
     """``n`` rule-seller episodes on the training scenarios (cycled), against buyers drawn from ``pool``, played by
     the episode runner (written to ``writer``'s transcripts as the ``warm-start`` arm when one is given); ``record``
-    wraps every seller in a :class:`RecordingSeller` (the compact protocol), else the rule sellers play as they are.
+    wraps every seller in a :class:`RecordingSeller` (the compact protocol; offers as aim words with ``aims``), else
+    the rule sellers play as they are.
 
     ``pick="mixture"``: each episode is played by one seller drawn from ``sellers``. ``pick="best"``: every seller
     plays each episode (the same scenario, buyer and seed), and the episode of the one whose seller utility is highest
@@ -106,7 +114,7 @@ def play_warm_start(
         for k, seller in enumerate(specs if pick == "best" else [drawn]):
             suffix = f"-{k}" if pick == "best" else ""
             jobs.append(Job(sc, seller, buyer, job_seed, f"warm-{i:06d}{suffix}", "warm-start", WARM_START_ARM))
-    learners = {s: RecordingFactory(s) for s in specs} if record else {}
+    learners = {s: RecordingFactory(s, aims=aims) for s in specs} if record else {}
     with EpisodeRunner(learners, writer=writer) as runner:
         played = runner.play(jobs)
     if pick != "best":

@@ -125,7 +125,8 @@ def warm_start(
     if (base / "config.json").exists():
         echo(f"warm start: reusing {base}")
         return TINY_KIND.load(str(base))
-    tok = build_tokenizer()
+    aims = cfg.offer_words == "aim"
+    tok = build_tokenizer(aims)
     model = build_tiny_model(tok, seed=cfg.seed)
     echo(f"tiny model: {parameter_count(model) / 1e6:.2f}M parameters, vocabulary {len(tok)}")
     scenarios = split_scenarios("train", cfg.train_scenarios, cfg.max_rounds)
@@ -139,6 +140,7 @@ def warm_start(
         cfg.seed,
         writer,
         cfg.sft_pick,
+        aims,
     )
     echo(f"warm start: {len(traces)} rule-seller transcripts in {time.perf_counter() - t0:.1f}s")
     if cfg.sft_steps:

@@ -12,12 +12,13 @@ from typing import Any
 from nego.agents.compact.protocol import BOS, EOS, PAD, UNK, vocabulary
 
 
-def build_tokenizer() -> Any:
-    """A word-level tokenizer over the compact vocabulary (whitespace-separated words, left padding)."""
+def build_tokenizer(aims: bool = False) -> Any:
+    """A word-level tokenizer over the compact vocabulary (whitespace-separated words, left padding); ``aims`` adds
+    the aim words, for a model that offers by own utility."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(vocabulary())}
+    vocab = {w: i for i, w in enumerate(vocabulary(aims))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(

@@ -11,11 +11,15 @@ scenario fits into, built only from the acting side's own observation:
   has conceded since its first offer, ``c3`` (``c0..c20``, steps of 0.05), and how its last offer moved from its
   previous one, ``d0`` (stalled: under 0.01), ``d1`` (under 0.03), ``d2`` (under 0.07), ``d3`` (more) or ``d-`` (it
   took something back); then the rounds left, ``T4`` (``invalid T4`` when the last attempt was rejected);
-- an own turn: ``offer L10 L7 L2 <eot>``, ``accept <eot>`` or ``walk <eot>``;
+- an own turn: ``offer L10 L7 L2 <eot>``, ``accept <eot>`` or ``walk <eot>``; a model whose tokenizer holds the aim
+  words may also offer ``offer a62 <eot>``: the outcome with the smallest own utility at or above 0.62 (never below
+  the own reservation), the offer a time-dependent rule seller makes for that target;
 - the end (rendered by whoever records the episode): ``opp-accept``, ``opp-walk`` or ``deadline``, then ``</s>``.
 
 A level ``k`` of an issue means "own value about k/10" and is played as the grid value of that issue whose own
-value is nearest to k/10, so direction and categorical tables never need their own words. The model is shared
+value is nearest to k/10, so direction and categorical tables never need their own words. An aim ``aK`` names a
+whole offer by its own utility (``K/100``): one word decides how much to concede, the choice a bargaining strategy is
+about, where levels spread it over a word per issue (:data:`AIMS`). The model is shared
 by all negotiators of a factory and its forward passes are batched across concurrent negotiations; each negotiator
 keeps the keys and values of what the model has read of its episode, so a turn reads only the words added since its
 last one (:mod:`nego.agents.compact.decode`). torch and transformers are imported only when a model is loaded.
@@ -35,6 +39,8 @@ from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
 from ..batching import Batcher
+from ..rules.base import EPS
+from ..rules.search import OutcomeSpace
 from ..trace import TokenTrace
 from ..trend import conceded, move_class
 
@@ -48,13 +54,16 @@ PAD, BOS, EOS, EOT, UNK = "<pad>", "<s>", "</s>", "<eot>", "<unk>"
 OFFER, ACCEPT, WALK = "offer", "accept", "walk"
 OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID = "opp", "opp-accept", "opp-walk", "deadline", "invalid"
 ABOVE, BELOW = "above", "below"
+AIMS = 100
+"""Aim words ``a0..a100``: an offer named by its own utility in steps of 0.01."""
 MOVES = ("d-", "d0", "d1", "d2", "d3")
 """The other side's last move in own utility, by the classes of :data:`nego.agents.trend.MOVE_EDGES`: took back,
 stalled, small, medium, large concession."""
 
 
-def vocabulary() -> list[str]:
-    """Every word of the protocol, in id order (fixed: a model and its tokenizer agree on it forever)."""
+def vocabulary(aims: bool = False) -> list[str]:
+    """Every word of the protocol, in id order (fixed: a model and its tokenizer agree on it forever); ``aims`` adds
+    the aim words after the rest, for models that offer by own utility (a tokenizer without them plays levels only)."""
     words = [PAD, BOS, EOS, EOT, UNK, OFFER, ACCEPT, WALK, OPP, OPP_ACCEPT, OPP_WALK, DEADLINE, INVALID]
     words += [f"L{k}" for k in range(LEVELS + 1)]
     words += [f"w{k}" for k in range(BUCKETS + 1)]
@@ -65,7 +74,13 @@ def vocabulary() -> list[str]:
     words += [ABOVE, BELOW]
     words += [f"c{k}" for k in range(BUCKETS + 1)]  # the other side's concession so far
     words += list(MOVES)
+    if aims:
+        words += aim_words()
     return words
+
+
+def aim_words() -> list[str]:
+    return [f"a{k}" for k in range(AIMS + 1)]
 
 
 def _bucket(x: float, n: int) -> int:
@@ -133,9 +148,20 @@ def rounds_word(obs: Observation) -> str:
     return f"T{min(MAX_ROUNDS_TOKEN, max(1, obs.rounds_left))}"
 
 
-def action_words(view: ScenarioView, action: Action) -> list[str]:
-    """An own action in protocol words (used to record rule-based sellers for behaviour cloning)."""
+def aim_offer(view: ScenarioView, aim: int, space: OutcomeSpace | None = None) -> Offer:
+    """The offer an aim word stands for: the outcome with the smallest own utility at or above ``aim / AIMS`` that
+    clears the own reservation (the best outcome when none does), found in ``space`` (this side's outcome space)."""
+    space = space or OutcomeSpace(view.issues, view.preferences)
+    index = space.at_least(max(aim / AIMS - EPS, view.preferences.reservation + EPS))
+    return space.offer(space.best_index if index is None else index)
+
+
+def action_words(view: ScenarioView, action: Action, aims: bool = False) -> list[str]:
+    """An own action in protocol words (used to record rule-based sellers for behaviour cloning); ``aims`` writes an
+    offer as the aim nearest its own utility instead of its levels."""
     if action.kind is ActionKind.OFFER and action.offer is not None:
+        if aims:
+            return [OFFER, f"a{min(AIMS, max(0, round(view.utility(action.offer) * AIMS)))}", EOT]
         return [OFFER, *(f"L{k}" for k in offer_levels(view, action.offer)), EOT]
     if action.kind is ActionKind.ACCEPT:
         return [ACCEPT, EOT]
@@ -144,8 +170,9 @@ def action_words(view: ScenarioView, action: Action) -> list[str]:
     raise ValueError(f"cannot render a {action.kind} action in the compact protocol")
 
 
-def parse_action(view: ScenarioView, words: Sequence[str]) -> Action:
-    """Generated words of one turn (``<eot>`` included) -> an Action; anything malformed -> an INVALID action."""
+def parse_action(view: ScenarioView, words: Sequence[str], space: OutcomeSpace | None = None) -> Action:
+    """Generated words of one turn (``<eot>`` included) -> an Action; anything malformed -> an INVALID action.
+    ``space`` (this side's outcome space) saves building it again for an aim."""
     raw = " ".join(words)
     if not words or words[-1] != EOT:
         return Action.invalid(raw, "the turn did not end with <eot>")
@@ -154,13 +181,19 @@ def parse_action(view: ScenarioView, words: Sequence[str]) -> Action:
         return Action(ActionKind.ACCEPT, raw=raw)
     if body == [WALK]:
         return Action(ActionKind.WALK_AWAY, raw=raw)
+    if len(body) == 2 and body[0] == OFFER and body[1][:1] == "a" and body[1][1:].isdigit():
+        aim = int(body[1][1:])
+        if aim <= AIMS:
+            return Action(ActionKind.OFFER, aim_offer(view, aim, space), raw=raw)
     n = len(view.issues)
     if len(body) == n + 1 and body[0] == OFFER and all(w[:1] == "L" and w[1:].isdigit() for w in body[1:]):
         levels = [int(w[1:]) for w in body[1:]]
         if all(0 <= k <= LEVELS for k in levels):
             offer = level_offer(view, levels)
             return Action(ActionKind.OFFER, offer, raw=raw)
-    return Action.invalid(raw, f"expected 'offer' and {n} levels, 'accept' or 'walk', then <eot>; got {raw!r}")
+    return Action.invalid(
+        raw, f"expected 'offer' and {n} levels or one aim, 'accept' or 'walk', then <eot>; got {raw!r}"
+    )
 
 
 def end_words(outcome: Outcome, role: Role) -> list[str]:
@@ -185,6 +218,13 @@ class CompactTrace:
     logprobs: list[float] = field(default_factory=list)
     seen_moves: int = 0
     opponent_utilities: list[float] = field(default_factory=list)
+    _space: OutcomeSpace | None = field(default=None, compare=False, repr=False)
+
+    def outcome_space(self, view: ScenarioView) -> OutcomeSpace:
+        """This side's outcome space for the episode's scenario (built on first use, for aim offers)."""
+        if self._space is None:
+            self._space = OutcomeSpace(view.issues, view.preferences)
+        return self._space
 
     def observe(self, obs: Observation) -> None:
         """Append the environment words this observation adds (masked out of any loss)."""
@@ -230,13 +270,13 @@ class CompactPolicy:
         self.model = model
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
-        missing = [w for w in vocabulary() if w not in vocab]
+        missing = [w for w in vocabulary() if w not in vocab]  # aim words are optional
         if missing:
             raise ValueError(
                 f"this model's tokenizer lacks {len(missing)} compact-protocol words (e.g. {missing[0]!r}): it was "
                 "trained with an older protocol; train it again with `nego train`"
             )
-        self.ids = {w: vocab[w] for w in vocabulary()}
+        self.ids = {w: vocab[w] for w in vocabulary(aims=True) if w in vocab}
         self.words = {i: w for w, i in self.ids.items()}
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1024))
         if keep_cache:
@@ -351,7 +391,7 @@ class CompactNegotiator:
             self.trace.prompt + self.trace.words, max_new, self.temperature, self.generator, self.cache
         )
         self.trace.add(words, own=True, logprobs=logps)
-        return parse_action(obs.scenario, words)
+        return parse_action(obs.scenario, words, self.trace.outcome_space(obs.scenario))
 
     def record(self, result: NegotiationResult) -> TokenTrace:
         """The finished episode (closing words added) as token ids of the policy's vocabulary."""

@@ -75,3 +75,54 @@ def test_a_level_plays_the_grid_value_nearest_its_own_value_first_on_ties(seed, 
         vf = view.preferences.values[issue.name]
         distances = [abs(vf(issue, v) - level / 10) for v in issue.grid()]
         assert offer[issue.name] == issue.grid()[distances.index(min(distances))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), aim=st.integers(0, 100), role=st.sampled_from([Role.SELLER, Role.BUYER]))
+def test_an_aim_plays_the_cheapest_outcome_reaching_it_never_below_the_reservation(seed, aim, role):
+    import itertools
+
+    from nego.agents.compact.protocol import aim_offer
+
+    view = generate_scenario(seed).view_for(role)
+    played = parse_action(view, ["offer", f"a{aim}", EOT])
+    assert played.kind is ActionKind.OFFER and played.offer == aim_offer(view, aim)
+    rv = view.preferences.reservation
+    grids = [i.grid() for i in view.issues]
+    if len(list(itertools.islice(itertools.product(*grids), 20_001))) > 20_000:
+        return  # brute force only where it is cheap
+    names = [i.name for i in view.issues]
+    utils = [view.utility(dict(zip(names, vs, strict=True))) for vs in itertools.product(*grids)]
+    reaching = [u for u in utils if u >= max(aim / 100 - 1e-9, rv + 1e-9)]  # the rule sellers' tolerances
+    u = view.utility(played.offer)
+    if reaching:
+        assert abs(u - min(reaching)) < 1e-9
+    else:
+        assert abs(u - max(utils)) < 1e-9  # nothing clears both: the best outcome
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), data=st.data())
+def test_an_offer_written_as_an_aim_plays_within_a_step_of_its_own_utility(seed, data):
+    view = generate_scenario(seed).view_for(Role.SELLER)
+    offer = {i.name: data.draw(st.sampled_from(i.grid())) for i in view.issues}
+    u = view.utility(offer)
+    words = action_words(view, Action.make_offer(offer), aims=True)
+    assert words[0] == "offer" and words[-1] == EOT and set(words) <= set(vocabulary(aims=True))
+    assert words[1] not in vocabulary()  # aim words exist only in an aims vocabulary
+    played = parse_action(view, words)
+    assert played.kind is ActionKind.OFFER
+    aim = int(words[1][1:]) / 100
+    assert abs(aim - u) <= 0.005 + 1e-9
+    if u > view.preferences.reservation + 0.005:
+        # the cheapest outcome reaching the aim: at least the aim, and no dearer than the offer itself when the aim
+        # rounded down to it
+        assert view.utility(played.offer) >= aim - 1e-9
+        if aim <= u:
+            assert view.utility(played.offer) <= u + 1e-9
+
+
+def test_aim_words_out_of_range_or_mixed_with_levels_are_invalid(widget_scenario):
+    view = widget_scenario.view_for(Role.SELLER)
+    for words in (["offer", "a101", EOT], ["offer", "a", EOT], ["offer", "a5", "L3", EOT], ["offer", "a-1", EOT]):
+        assert parse_action(view, words).kind is ActionKind.INVALID

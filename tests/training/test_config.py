@@ -21,6 +21,10 @@ from typer.testing import CliRunner
         ({"bogus": 1}, "unknown field"),
         ({"steps": "ten"}, "steps must be int"),
         ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"sft_sellers": ["timedep:e=0.2,step=0.05;tft"]}, "sft_sellers: .*step must be a number"),
+        ({"sft_sellers": ["tift"]}, "sft_sellers: unknown negotiator spec"),
+        ({"offer_words": "words"}, "offer_words must be one of levels, aim"),
+        ({"model": "smollm2", "offer_words": "aim"}, "offer_words: a chat model"),
     ],
 )
 def test_bad_values_are_rejected(override, message):
