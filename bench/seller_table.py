@@ -1,6 +1,7 @@
 """Sellers side by side on the dev split: registered compact models and rule sellers on the same negotiations.
 
     python bench/seller_table.py --models ws-a,ws-b --rules tft,linear,conceder,boulware --n 100
+    python bench/seller_table.py --rules tft --rendered timedep:e=0.2,step=0.05 --n 100   # what the words cost a rule
 
 Every seller plays the identical negotiations (dev-split scenarios, both openers, the buyers of the training
 families that ``bench/tiny_gain.py --split dev`` uses, per-negotiation seeds shared), so differences are paired.
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", default="tft,linear,conceder,boulware,timedep:e=0.3,timedep:e=3")
     ap.add_argument("--n", type=int, default=100, help="dev scenarios (each played with both openers)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    ap.add_argument(
+        "--rendered",
+        default="",
+        help="rule sellers also played through the compact protocol's offer words, as a warm start records them "
+        "(SPEC@levels, SPEC@aim): what each rendering costs the rule",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -41,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from nego.training.evaluate import evaluate
     from nego.training.rollout import split_scenarios
     from nego.training.runner import EpisodeRunner
+    from nego.training.sft import RecordingFactory
 
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
@@ -54,9 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     temperature = args.temperature or None
     factories = {m: CompactFactory(m, CompactPolicy.load(lookup(m).path), temperature) for m in models}
     factories.update({r: resolve(r) for r in rules})
+    for r in split_specs(args.rendered):
+        if r not in rules:
+            rules.append(r)
+            factories[r] = resolve(r)
+        factories.update({f"{r}@levels": RecordingFactory(r), f"{r}@aim": RecordingFactory(r, aims=True)})
+    rendered = [n for n in factories if "@" in n]
     with EpisodeRunner(factories) as runner:
         res = {name: evaluate(runner, name, scenarios, DEV_BUYERS, seed=1) for name in factories}
-    names = [*models, *rules]
+    names = [*models, *rules, *rendered]
     lines = [
         f"dev split: {len(scenarios)} negotiations per buyer (openers alternating), 10 rounds, "
         f"{'greedy' if temperature is None else f'sampled at T={temperature:g}'}; mean seller utility (deal rate)",
