@@ -41,7 +41,7 @@ class RecordingSeller:
         self.trace.observe(obs)
         words = action_words(obs.scenario, await self.inner.act(obs), self.aims)
         self.trace.add(words, own=True)
-        return parse_action(obs.scenario, words, self.trace.outcome_space(obs.scenario))
+        return parse_action(obs.scenario, words, lambda: self.trace.outcome_space(obs.scenario))
 
     def record(self, result: NegotiationResult) -> CompactTrace:
         self.trace.finish(result.outcome)

@@ -28,7 +28,7 @@ last one (:mod:`nego.agents.compact.decode`). torch and transformers are importe
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -170,9 +170,9 @@ def action_words(view: ScenarioView, action: Action, aims: bool = False) -> list
     raise ValueError(f"cannot render a {action.kind} action in the compact protocol")
 
 
-def parse_action(view: ScenarioView, words: Sequence[str], space: OutcomeSpace | None = None) -> Action:
+def parse_action(view: ScenarioView, words: Sequence[str], space: Callable[[], OutcomeSpace] | None = None) -> Action:
     """Generated words of one turn (``<eot>`` included) -> an Action; anything malformed -> an INVALID action.
-    ``space`` (this side's outcome space) saves building it again for an aim."""
+    ``space`` returns this side's outcome space when an aim needs it (a negotiator's kept one, instead of a new one)."""
     raw = " ".join(words)
     if not words or words[-1] != EOT:
         return Action.invalid(raw, "the turn did not end with <eot>")
@@ -184,7 +184,7 @@ def parse_action(view: ScenarioView, words: Sequence[str], space: OutcomeSpace |
     if len(body) == 2 and body[0] == OFFER and body[1][:1] == "a" and body[1][1:].isdigit():
         aim = int(body[1][1:])
         if aim <= AIMS:
-            return Action(ActionKind.OFFER, aim_offer(view, aim, space), raw=raw)
+            return Action(ActionKind.OFFER, aim_offer(view, aim, space() if space else None), raw=raw)
     n = len(view.issues)
     if len(body) == n + 1 and body[0] == OFFER and all(w[:1] == "L" and w[1:].isdigit() for w in body[1:]):
         levels = [int(w[1:]) for w in body[1:]]
@@ -256,6 +256,7 @@ class CompactTrace:
 
     def finish(self, outcome: Outcome) -> None:
         self.add(end_words(outcome, self.role), own=False)
+        self._space = None  # the episode is over: nothing more to offer
 
 
 class CompactPolicy:
@@ -391,7 +392,7 @@ class CompactNegotiator:
             self.trace.prompt + self.trace.words, max_new, self.temperature, self.generator, self.cache
         )
         self.trace.add(words, own=True, logprobs=logps)
-        return parse_action(obs.scenario, words, self.trace.outcome_space(obs.scenario))
+        return parse_action(obs.scenario, words, lambda: self.trace.outcome_space(obs.scenario))
 
     def record(self, result: NegotiationResult) -> TokenTrace:
         """The finished episode (closing words added) as token ids of the policy's vocabulary."""
