@@ -39,7 +39,7 @@ from nego.scenarios.preferences import ValueFunction
 from nego.scenarios.scenario import Role, ScenarioView
 
 from ..batching import Batcher
-from ..rules.base import EPS
+from ..rules.base import cheapest_at_least
 from ..rules.search import OutcomeSpace
 from ..trace import TokenTrace
 from ..trend import conceded, move_class
@@ -152,8 +152,7 @@ def aim_offer(view: ScenarioView, aim: int, space: OutcomeSpace | None = None) -
     """The offer an aim word stands for: the outcome with the smallest own utility at or above ``aim / AIMS`` that
     clears the own reservation (the best outcome when none does), found in ``space`` (this side's outcome space)."""
     space = space or OutcomeSpace(view.issues, view.preferences)
-    index = space.at_least(max(aim / AIMS - EPS, view.preferences.reservation + EPS))
-    return space.offer(space.best_index if index is None else index)
+    return space.offer(cheapest_at_least(space, aim / AIMS, view.preferences.reservation))
 
 
 def action_words(view: ScenarioView, action: Action, aims: bool = False) -> list[str]:

@@ -70,11 +70,15 @@ class RuleNegotiator:
         return space.best < rv + EPS
 
     def offer_at_least(self, space: OutcomeSpace, target: float, rv: float) -> Index:
-        """The outcome with the smallest own utility at or above ``max(target, rv)`` (the best one if none is).
+        return cheapest_at_least(space, target, rv)
 
-        Ties with ``target`` within EPS count as reaching it; the reservation value must be cleared by EPS."""
-        idx = space.at_least(max(target - EPS, rv + EPS))
-        return space.best_index if idx is None else idx
+
+def cheapest_at_least(space: OutcomeSpace, target: float, rv: float) -> Index:
+    """The outcome with the smallest own utility at or above ``max(target, rv)`` (the best one if none is).
+
+    Ties with ``target`` within EPS count as reaching it; the reservation value must be cleared by EPS."""
+    idx = space.at_least(max(target - EPS, rv + EPS))
+    return space.best_index if idx is None else idx
 
 
 def concession_target(space: OutcomeSpace, lo: float, t: float, e: float) -> float:
