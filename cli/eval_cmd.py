@@ -106,10 +106,11 @@ def eval_(
             echo = functools.partial(console.print, highlight=False, markup=False)
             result = evaluate_sharded(config, sharding, factories, echo=echo)
     except ShardsFailed as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e)) if sharded else e}")  # messages name the [launcher] table
+        # messages name the [launcher] table; soft wrap keeps a long path in one piece
+        console.print(f"[red]error:[/red] {escape(str(e)) if sharded else e}", soft_wrap=True)
         raise typer.Exit(2) from None
     s = result.suite
     title = (
@@ -187,7 +188,7 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
         path = write_report(directory)
         man = load_run(directory).manifest
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}")
 
@@ -210,7 +211,8 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
         console.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1 if e.failed else 0) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages name TOML tables: [sweep.launcher]
+        # messages name TOML tables ([sweep.launcher]): escaped, so rich does not read them as markup
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 

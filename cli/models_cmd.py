@@ -44,7 +44,7 @@ def models(
             return
         entries = list_models()
     except (RegistryError, ValueError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
     if not entries:
         console.print(f"no models registered in {registry_path()}; `nego train` builds and registers tiny and tiny-rl")

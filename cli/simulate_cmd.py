@@ -147,7 +147,7 @@ def simulate(**values: Any) -> None:
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, observer=ConsoleView(console, live=use_live and console.is_terminal))
     except (ValueError, DirectoryBusy) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
     print_summary(result, console)
     exit_for_errors(result.negotiations, console, "negotiations")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,12 @@ def make_widget_scenario(seller_brief: str = "", buyer_brief: str = "", max_roun
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` go first (in their order), so that the longest ones do not start last and leave one of
+    the test processes idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def widget_scenario() -> Scenario:
     return make_widget_scenario()
@@ -71,6 +78,7 @@ def one_torch_thread():
 
 # ------------------------------------------------------------------ the real SmolLM2 model, converted once
 
+
 PROMPTS = ("Hello", 'The seller offers {"price": 120, "quantity": 5}.', "Twelve chairs, two-year warranty?")
 
 
@@ -79,15 +87,34 @@ def converted(tmp_path_factory):
     """One real conversion into a temporary ``$NEGO_HOME``, and the reference it must equal: the tokenizer and the
     logits on :data:`PROMPTS` of the model that transformers loads from the GGUF file during that conversion
     (``from_pretrained(folder, gguf_file=name)``), both taken as soon as they are loaded, before the conversion goes
-    on."""
+    on. The suite's test processes (pytest-xdist) share it: the first converts and saves the reference beside the
+    converted home, the others wait for it and read both; the tests only read them."""
+    import torch
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        home = tmp_path_factory.mktemp("smollm2-home")
+        return (home, *_convert_smollm2(home))
+    shared = tmp_path_factory.getbasetemp().parent / "smollm2-shared"
+    shared.mkdir(exist_ok=True)
+    saved = shared / "reference.pt"
+    with FileLock(str(shared / "lock")):
+        if not saved.exists():
+            folder, logits, tok = _convert_smollm2(shared / "home")
+            torch.save({"folder": str(folder), "logits": logits, "tok": tok}, shared / "reference.tmp")
+            (shared / "reference.tmp").replace(saved)
+    ref = torch.load(saved, weights_only=False)  # written by this session's own test process
+    return shared / "home", Path(ref["folder"]), ref["logits"], ref["tok"]
+
+
+def _convert_smollm2(home: Path) -> tuple[Path, dict, object]:
     import copy
-    from pathlib import Path
 
     import torch
     import transformers
     from nego.agents.llm.backends import smollm2
 
-    home = tmp_path_factory.mktemp("smollm2-home")
+    home.mkdir(parents=True, exist_ok=True)
     loaded: dict[str, object] = {}
 
     def reference(obj):
@@ -119,4 +146,4 @@ def converted(tmp_path_factory):
         finally:
             torch.set_num_threads(before)
     assert set(loaded) == {"tok", "logits"}
-    return home, folder, loaded["logits"], loaded["tok"]
+    return folder, loaded["logits"], loaded["tok"]
