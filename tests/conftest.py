@@ -53,10 +53,23 @@ def make_widget_scenario(seller_brief: str = "", buyer_brief: str = "", max_roun
     )
 
 
+LONGEST = (
+    "tests/training/test_preflight.py::test_train_on_a_tiny_gemma4_at_the_defaults",
+    "tests/training/test_smollm2_train.py::",
+)
+"""Tests that take minutes on two cores: they start before every other, so that neither ends last alone."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` go first (in their order), so that the longest ones do not start last and leave one of
-    the test processes idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The :data:`LONGEST` tests first, then the others marked ``slow`` (each in its order), so that a long test does
+    not start last and leave the other test process idle."""
+
+    def rank(item) -> int:
+        if item.nodeid.startswith(LONGEST):
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture

@@ -53,6 +53,16 @@ def test_unknown_spec_fails_before_running(tmp_path):
     assert not (out / "negotiations").exists() or not any((out / "negotiations").iterdir())
 
 
+def test_an_error_names_a_long_path_on_one_line_whatever_the_terminal_width(tmp_path):
+    """A path in an error message is printed whole, so it can be copied: rich does not break it at the width."""
+    deep = tmp_path.joinpath(*["a-folder-with-a-long-name"] * 6, "bike.toml")
+    deep.parent.mkdir(parents=True)
+    deep.write_bytes(b"[scenario\n")  # not TOML
+    for columns in ("40", "80"):
+        res = runner.invoke(app, ["simulate", "--scenarios", str(deep), "--no-live"], env={"COLUMNS": columns})
+        assert res.exit_code != 0 and str(deep) in res.output, res.output
+
+
 def test_live_view_renders_from_events(tmp_path):
     bus = EventBus()
     console = Console(file=open(tmp_path / "screen.txt", "w"), force_terminal=True, width=120)  # noqa: SIM115
