@@ -1,19 +1,31 @@
-"""The exit status of a command that plays negotiations: 1 when none of them succeeded, saying why; a warning
-with the count when only some failed."""
+"""How commands report errors: ``error: ...`` lines, and the exit status of a command that plays negotiations (1 when
+none of them succeeded, saying why; a warning with the count when only some failed)."""
 
 from __future__ import annotations
 
-import polars as pl
+from typing import TYPE_CHECKING, Any
+
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SHOWN_MESSAGES = 3
 MESSAGE_CHARS = 300
 
 
+def print_error(console: Console, message: str, **print_options: Any) -> None:
+    """``error: message`` in red (``message`` is rich markup: escape what must print as it is). Soft-wrapped: a long
+    path in it stays in one piece, so it can be copied, whatever the terminal's width."""
+    console.print(f"[red]error:[/] {message}", soft_wrap=True, **print_options)
+
+
 def error_messages(negotiations: pl.DataFrame) -> list[tuple[str, int]]:
     """Distinct error messages of the negotiations that ended in an error, most frequent first (then by text)."""
+    import polars as pl
+
     failed = negotiations.filter(pl.col("end_reason") == "error")
     counts = failed.group_by(pl.col("error").fill_null("(no message)")).len()
     return [(m, n) for m, n in counts.sort(["len", "error"], descending=[True, False]).iter_rows()]

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .config_options import config_options, given_values, parameters, signature
-from .errors import exit_for_errors
+from .errors import exit_for_errors, print_error
 from .options import model_parameters, take_model_options
 from .tables import Layout
 
@@ -106,11 +106,10 @@ def eval_(
             echo = functools.partial(console.print, highlight=False, markup=False)
             result = evaluate_sharded(config, sharding, factories, echo=echo)
     except ShardsFailed as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        print_error(console, escape(str(e)), highlight=False)
         raise typer.Exit(1) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        # messages name the [launcher] table; soft wrap keeps a long path in one piece
-        console.print(f"[red]error:[/red] {escape(str(e)) if sharded else e}", soft_wrap=True)
+        print_error(console, escape(str(e)) if sharded else str(e))  # messages name the [launcher] table
         raise typer.Exit(2) from None
     s = result.suite
     title = (
@@ -188,7 +187,7 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
         path = write_report(directory)
         man = load_run(directory).manifest
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}")
 
@@ -211,8 +210,7 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
         console.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1 if e.failed else 0) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        # messages name TOML tables ([sweep.launcher]): escaped, so rich does not read them as markup
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        print_error(console, escape(str(e)))  # messages name TOML tables: [sweep.launcher]
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 

@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .errors import print_error
+
 
 def _dev_summary(entry) -> str:
     """Mean dev utility and deal rate recorded at registration (over the dev buyers), or '-'."""
@@ -44,7 +46,7 @@ def models(
             return
         entries = list_models()
     except (RegistryError, ValueError) as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     if not entries:
         console.print(f"no models registered in {registry_path()}; `nego train` builds and registers tiny and tiny-rl")

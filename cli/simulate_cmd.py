@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .config_options import config_options, given_values, parameters, signature
-from .errors import exit_for_errors
+from .errors import exit_for_errors, print_error
 from .live import LiveView, MarketWatch, PlainProgress, stats_table
 from .options import model_parameters, take_model_options
 from .tables import Layout
@@ -147,7 +147,7 @@ def simulate(**values: Any) -> None:
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, observer=ConsoleView(console, live=use_live and console.is_terminal))
     except (ValueError, DirectoryBusy) as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     print_summary(result, console)
     exit_for_errors(result.negotiations, console, "negotiations")

@@ -91,7 +91,6 @@ def one_torch_thread():
 
 # ------------------------------------------------------------------ the real SmolLM2 model, converted once
 
-
 PROMPTS = ("Hello", 'The seller offers {"price": 120, "quantity": 5}.', "Twelve chairs, two-year warranty?")
 
 
@@ -105,10 +104,10 @@ def converted(tmp_path_factory):
     import torch
     from filelock import FileLock
 
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        home = tmp_path_factory.mktemp("smollm2-home")
-        return (home, *_convert_smollm2(home))
-    shared = tmp_path_factory.getbasetemp().parent / "smollm2-shared"
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        shared = shared.parent  # the folder above each test process's own, made for this test run
+    shared /= "smollm2-converted"
     shared.mkdir(exist_ok=True)
     saved = shared / "reference.pt"
     with FileLock(str(shared / "lock")):
@@ -116,7 +115,7 @@ def converted(tmp_path_factory):
             folder, logits, tok = _convert_smollm2(shared / "home")
             torch.save({"folder": str(folder), "logits": logits, "tok": tok}, shared / "reference.tmp")
             (shared / "reference.tmp").replace(saved)
-    ref = torch.load(saved, weights_only=False)  # written by this session's own test process
+    ref = torch.load(saved, weights_only=False)  # a tokenizer object: saved by this test run's own fixture
     return shared / "home", Path(ref["folder"]), ref["logits"], ref["tok"]
 
 
