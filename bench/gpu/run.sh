@@ -40,7 +40,9 @@ if [[ $smoke == 1 ]]; then
   name=gpu-smoke
   train=(--cpu-smoke --steps 1 --max-rounds 1 --group-size 2 --scenarios-per-step 2 --dev-scenarios 1
     --turn-tokens 16 --train-scenarios 2 --episodes 16)
-  sim=(--negotiations 2 --max-tokens 8 --max-retries 0 --buyers tft)
+  # a shipped scenario cut to 2 rounds: a random model never agrees, so each negotiation runs to the deadline
+  sed 's/^max_rounds = .*/max_rounds = 2/' "$here/scenarios/data/used_bike.toml" > "$work/bike-2-rounds.toml"
+  sim=(--negotiations 2 --max-tokens 8 --max-retries 0 --buyers tft --scenarios "$work/bike-2-rounds.toml")
   limit_train=1500 limit_sim=600
 else
   train=(--size 4.5b --steps 3 --finetune lora --max-rounds 2 --group-size 4 --scenarios-per-step 2 --dev-scenarios 2)
