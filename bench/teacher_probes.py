@@ -20,6 +20,7 @@ from __future__ import annotations
 from nego.agents.rules.base import (
     ACCEPT,
     WALK_AWAY,
+    Clock,
     RuleNegotiator,
     acceptable,
     concession_target,
@@ -53,8 +54,7 @@ class TeacherVariant(RuleNegotiator):
         rv = obs.scenario.preferences.reservation
         if self.hopeless(space, rv):
             return WALK_AWAY
-        n = obs.scenario.max_rounds
-        t = 1.0 if n <= 1 else min(1.0, (obs.round - 1) / (n - 1))
+        t = Clock.OWN.time(obs)
         theirs = opponent_offers(obs)
         if self.k and len(theirs) >= 2 and len(theirs) > self._seen:
             self._given += self.k * max(0.0, space.utility_of(theirs[-1]) - space.utility_of(theirs[-2]))
