@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+from nego.scenarios.pickling import compact_pickling
 from nego.scenarios.scenario import Role, Scenario
 
 from .collector import paced_collection
@@ -65,9 +65,8 @@ Scorer = Callable[["Job", NegotiationResult], float | None]
 transcripts' ``reward`` column."""
 
 
-@lru_cache(maxsize=4096)
 def scenario_hash(scenario: Scenario) -> str:
-    """``scenario.content_hash()``, cached: a run asks for it once per job and once per transcript row."""
+    """``scenario.content_hash()`` (computed once per scenario object, which keeps it)."""
     return scenario.content_hash()
 
 
@@ -77,6 +76,7 @@ def make_negotiation_id(scenario: Scenario, seller: str, buyer: str, seed: int) 
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
+@compact_pickling
 @dataclass(frozen=True, slots=True)
 class Job:
     """One negotiation to play: a scenario, a seller spec, a buyer spec and a seed, plus where it belongs.
@@ -370,13 +370,20 @@ class Marketplace:
         result = await run_negotiation(
             job.scenario, seller, buyer, seed=job.seed, config=self.protocol, on_turn=on_turn
         )
-        records = [n.record(result) if isinstance(n, Recorder) else None for n in (seller, buyer)]
+        records = [_record_of(n, result) for n in (seller, buyer)]
         return self._scored(Played(job, result, attempt, records[0], records[1]))
 
     def _scored(self, played: Played) -> Played:
         if self.scorer is None:
             return played
         return replace(played, reward=self.scorer(played.job, played.result))
+
+
+def _record_of(negotiator: Negotiator, result: NegotiationResult) -> Any:
+    """What a :class:`Recorder` keeps of its episode, else None (the protocol's own ``isinstance`` check walks its
+    members in Python on every call: this runs twice per negotiation)."""
+    record = getattr(negotiator, "record", None)
+    return record(result) if callable(record) else None
 
 
 def _turn_publisher(bus: EventBus, negotiation_id: str) -> Callable[[Turn], None]:

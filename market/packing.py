@@ -3,6 +3,10 @@
 Pickle stores a frozen slotted dataclass field by field through Python-level state functions, so a result of a
 dozen turns costs about as much to pickle and unpickle as the negotiation cost to play. Tuples of strings and
 numbers go through pickle's C paths; :func:`unpack_result` rebuilds exactly the result :func:`pack_result` was given.
+
+An offer object that appears in several turns of a result (a rule negotiator repeating its offer, an agreement on
+the standing offer) is packed as one dict, which pickle stores once, and unpacked as one :class:`Offer` again: the
+receiving side then encodes it for the transcripts once, as the playing side would have.
 """
 
 from __future__ import annotations
@@ -25,22 +29,29 @@ def _pack_usage(u: Usage | None) -> tuple[Any, ...] | None:
     return None if u is None else (u.prompt_tokens, u.completion_tokens, u.latency_s, u.cost_usd, u.calls)
 
 
-def _pack_offer(offer: Offer | None) -> dict[str, Any] | None:
-    return None if offer is None else offer.to_dict()
+def _pack_offer(offer: Offer | None, packed: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """``offer``'s values; the same dict for the same offer object within one result (``packed`` remembers them)."""
+    if offer is None:
+        return None
+    values = packed.get(id(offer))
+    if values is None:
+        values = packed[id(offer)] = offer.to_dict()
+    return values
 
 
-def _pack_turn(t: Turn) -> tuple[Any, ...]:
+def _pack_turn(t: Turn, packed: dict[int, dict[str, Any]]) -> tuple[Any, ...]:
     a = t.action
-    action = (a.kind.value, _pack_offer(a.offer), a.message, a.raw, a.error, _pack_usage(a.usage))
+    action = (a.kind.value, _pack_offer(a.offer, packed), a.message, a.raw, a.error, _pack_usage(a.usage))
     return (t.index, t.round, t.role.value, t.attempt, action, t.valid, t.feedback, t.utility_seller, t.utility_buyer)
 
 
 def pack_result(r: NegotiationResult) -> PackedResult:
     """``r`` as nested tuples of plain values (see :func:`unpack_result`)."""
     o = r.outcome
+    packed: dict[int, dict[str, Any]] = {}  # the result keeps every offer alive, so no id is reused meanwhile
     outcome = (
         o.end_reason.value,
-        _pack_offer(o.agreement),
+        _pack_offer(o.agreement, packed),
         o.seller_utility,
         o.buyer_utility,
         o.rounds,
@@ -52,7 +63,7 @@ def pack_result(r: NegotiationResult) -> PackedResult:
         o.forfeits_buyer,
         o.error,
     )
-    turns = tuple(_pack_turn(t) for t in r.turns)
+    turns = tuple(_pack_turn(t, packed) for t in r.turns)
     return (r.scenario_id, r.seed, outcome, turns, _pack_usage(r.usage_seller), _pack_usage(r.usage_buyer))
 
 
@@ -60,13 +71,19 @@ def _usage(packed: tuple[Any, ...] | None) -> Usage | None:
     return None if packed is None else Usage(*packed)
 
 
-def _offer(packed: dict[str, Any] | None) -> Offer | None:
-    return None if packed is None else Offer(packed)
+def _offer(values: dict[str, Any] | None, offers: dict[int, Offer]) -> Offer | None:
+    """The offer of packed ``values``; one offer per dict object within one result (``offers`` remembers them)."""
+    if values is None:
+        return None
+    offer = offers.get(id(values))
+    if offer is None:
+        offer = offers[id(values)] = Offer(values)
+    return offer
 
 
-def _turn(packed: tuple[Any, ...]) -> Turn:
+def _turn(packed: tuple[Any, ...], offers: dict[int, Offer]) -> Turn:
     index, round_, role, attempt, (kind, offer, message, raw, error, usage), valid, feedback, us, ub = packed
-    action = Action(_KINDS[kind], _offer(offer), message, raw, error, _usage(usage))
+    action = Action(_KINDS[kind], _offer(offer, offers), message, raw, error, _usage(usage))
     return Turn(index, round_, _ROLES[role], attempt, action, valid, feedback, us, ub)
 
 
@@ -74,9 +91,10 @@ def unpack_result(packed: PackedResult) -> NegotiationResult:
     """The :class:`NegotiationResult` that :func:`pack_result` packed."""
     scenario_id, seed, o, turns, usage_seller, usage_buyer = packed
     reason, agreement, us, ub, rounds, n_turns, ended_by, inv_s, inv_b, forf_s, forf_b, error = o
+    offers: dict[int, Offer] = {}  # ``packed`` keeps every dict alive, so no id is reused meanwhile
     outcome = Outcome(
         _REASONS[reason],
-        _offer(agreement),
+        _offer(agreement, offers),
         us,
         ub,
         rounds,
@@ -92,7 +110,7 @@ def unpack_result(packed: PackedResult) -> NegotiationResult:
         scenario_id,
         seed,
         outcome,
-        tuple(_turn(t) for t in turns),
+        tuple(_turn(t, offers) for t in turns),
         _usage(usage_seller),  # type: ignore[arg-type]
         _usage(usage_buyer),  # type: ignore[arg-type]
     )

@@ -103,7 +103,7 @@ TIMING_COLUMNS = ("wall_s", "seller_latency_s", "buyer_latency_s", "latency_s")
 
 
 def _offer_json(offer: Offer | None) -> str | None:
-    return None if offer is None else json.dumps(offer.to_dict(), separators=(",", ":"))
+    return None if offer is None else offer.to_json()
 
 
 def negotiation_row(

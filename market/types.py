@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
@@ -35,14 +36,18 @@ def _quick_init(cls: type[T]) -> type[T]:
     return cls
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 class Offer(Mapping[str, Value]):
     """A complete assignment of a value to every issue, read like a dict: ``offer["price"]``. Immutable."""
 
-    __slots__ = ("_hash", "_valid_for", "_values")
+    __slots__ = ("_hash", "_json", "_valid_for", "_values")
 
     def __init__(self, values: Mapping[str, Value]) -> None:
         self._values = dict(values)
         self._hash: int | None = None
+        self._json: str | None = None
         self._valid_for: object = None
         """The issues tuple this offer was last found valid and normalised for (see ``protocol.check_offer``)."""
 
@@ -54,6 +59,7 @@ class Offer(Mapping[str, Value]):
         offer = cls.__new__(cls)
         offer._values = values if type(values) is dict else dict(values)
         offer._hash = None
+        offer._json = None
         offer._valid_for = issues
         return offer
 
@@ -81,6 +87,12 @@ class Offer(Mapping[str, Value]):
 
     def to_dict(self) -> dict[str, Value]:
         return dict(self._values)
+
+    def to_json(self) -> str:
+        """The offer as a compact JSON object, in issue order (made once per offer: transcripts write it per turn)."""
+        if self._json is None:
+            self._json = _COMPACT_JSON.encode(self._values)
+        return self._json
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self._values.items())

@@ -307,6 +307,7 @@ def tradeable_scenario(source: Callable[[int], Scenario] | None, draw: int) -> S
         source = generate_scenario
     scenario = source(draw)
     check_tradeable(scenario)
+    scenario.content_hash()  # kept by the scenario: the parent names its jobs by it without computing it again
     return scenario
 
 

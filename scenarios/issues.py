@@ -7,6 +7,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from .limits import LimitProblem, is_finite_number, numeric_range_problem, options_problem
+from .pickling import compact_pickling
 
 Value = int | float | str
 
@@ -21,6 +22,7 @@ class InvalidValueError(ValueError):
     """A value that does not fit an issue (wrong type, out of range, unknown option)."""
 
 
+@compact_pickling
 @dataclass(frozen=True, slots=True)
 class Issue:
     """One negotiable dimension of a deal.

@@ -11,6 +11,7 @@ from functools import lru_cache
 import numpy as np
 
 from .issues import Issue, IssueKind, Value
+from .pickling import compact_pickling
 
 
 class Direction(StrEnum):
@@ -18,6 +19,7 @@ class Direction(StrEnum):
     DECREASING = "decreasing"
 
 
+@compact_pickling
 @dataclass(frozen=True, slots=True)
 class ValueFunction:
     """Maps one issue's values to [0, 1]: linear in a direction for numeric issues, a table for categorical ones."""
@@ -85,6 +87,7 @@ def _grid_table(fn: ValueFunction, issue: Issue) -> dict[Value, float]:
     return dict(zip(issue.grid(), _grid_values(fn, issue).tolist(), strict=True))
 
 
+@compact_pickling
 @dataclass(frozen=True, slots=True)
 class Preferences:
     """One side's private preferences: ``utility(offer) = sum_i w_i * v_i(offer[i])``, in [0, 1].

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from .issues import Issue, Value
 from .limits import outcomes_problem, rounds_problem
+from .pickling import compact_pickling
 from .preferences import Preferences
 
 
@@ -47,6 +48,7 @@ class ScenarioView:
         return self.preferences.utility(offer, self.issues)
 
 
+@compact_pickling
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """A bilateral multi-issue bargaining problem.
@@ -69,6 +71,8 @@ class Scenario:
     category: str = "custom"
     zopa: bool = True
     tags: tuple[str, ...] = field(default=())
+    _content_hash: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    """:meth:`content_hash`, kept once computed (it travels with the scenario to other processes)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "issues", tuple(self.issues))
@@ -132,7 +136,9 @@ class Scenario:
 
     def content_hash(self) -> str:
         """A stable hash of everything that defines the problem (used to freeze suites and split train/eval)."""
-        from .io import scenario_to_dict
+        if self._content_hash is None:
+            from .io import scenario_to_dict
 
-        blob = json.dumps(scenario_to_dict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+            blob = json.dumps(scenario_to_dict(self), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_content_hash", hashlib.sha256(blob.encode()).hexdigest()[:16])
+        return self._content_hash  # type: ignore[return-value]

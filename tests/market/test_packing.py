@@ -61,3 +61,18 @@ async def test_packed_results_unpack_to_equal_results_through_pickle():
         back = unpack_result(pickle.loads(pickle.dumps(pack_result(result))))
         assert back == result
         assert [type(t.role) for t in back.turns] == [type(t.role) for t in result.turns]
+
+
+async def test_an_offer_repeated_across_turns_crosses_once_and_comes_back_as_one_offer():
+    sc = make_widget_scenario(max_rounds=6)
+    [result] = await Marketplace({"hardliner": resolve("hardliner")}).run([Job(sc, "hardliner", "hardliner", seed=0)])
+    sellers = [t.action.offer for t in result.turns if t.role == "seller" and t.action.offer is not None]
+    assert len(sellers) > 1 and all(o is sellers[0] for o in sellers)  # a hardliner repeats one offer object
+    packed = pack_result(result)
+    offers = [turn[4][1] for turn in packed[3] if turn[2] == "seller" and turn[4][1] is not None]
+    assert all(o is offers[0] for o in offers)  # one dict, which pickle stores once
+    back = unpack_result(pickle.loads(pickle.dumps(packed)))
+    assert back == result
+    again = [t.action.offer for t in back.turns if t.role == "seller" and t.action.offer is not None]
+    assert all(o is again[0] for o in again)
+    assert again[0].to_json() == sellers[0].to_json() == '{"price":150,"quantity":10,"warranty":"none"}'

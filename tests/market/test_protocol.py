@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nego.market.protocol import ProtocolConfig, run_negotiation
@@ -116,7 +118,7 @@ def test_offers_known_valid_skip_the_check_only_for_their_issues():
     name = sc.issues[0].name
     bad_values = {**values, name: "not a value"}
     assert check_offer(sc, Offer(bad_values))[1] is not None
-    other = type(sc)(**{**{f: getattr(sc, f) for f in sc.__dataclass_fields__}, "issues": tuple(list(sc.issues))})
+    other = dataclasses.replace(sc, issues=tuple(list(sc.issues)))
     assert other.issues is not sc.issues
     assert check_offer(other, Offer.known_valid(dict(bad_values), sc.issues))[1] is not None
     checked = Offer(values)
