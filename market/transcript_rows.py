@@ -5,7 +5,7 @@ between a :class:`NegotiationResult` and its rows in both directions (written by
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -106,82 +106,127 @@ def _offer_json(offer: Offer | None) -> str | None:
     return None if offer is None else offer.to_json()
 
 
+NEGOTIATION_COLUMNS = tuple(NEGOTIATIONS_SCHEMA)
+TURN_COLUMNS = tuple(TURNS_SCHEMA)
+
+
+def negotiation_values(
+    job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
+) -> tuple[Any, ...]:
+    """The negotiations-table row of one attempt, as a tuple in :data:`NEGOTIATIONS_SCHEMA`'s column order."""
+    o, sc = result.outcome, job.scenario
+    us, ub = result.usage_seller, result.usage_buyer
+    sellers = sum(t.role is Role.SELLER for t in result.turns)
+    return (
+        job.negotiation_id,
+        attempt,
+        job.run_id,
+        job.arm,
+        job.day,
+        job.pair,
+        job.step,
+        job.group,
+        job.policy_version,
+        reward,
+        sc.id,
+        scenario_hash(sc),
+        sc.category,
+        job.seller,
+        job.buyer,
+        job.seed,
+        sc.opener.value,
+        sc.max_rounds,
+        o.end_reason.value,
+        o.agreed,
+        _offer_json(o.agreement),
+        o.seller_utility,
+        o.buyer_utility,
+        sc.seller.reservation,
+        sc.buyer.reservation,
+        o.rounds,
+        o.turns,
+        sellers,
+        len(result.turns) - sellers,
+        None if o.ended_by is None else o.ended_by.value,
+        o.invalid_seller,
+        o.invalid_buyer,
+        o.forfeits_seller,
+        o.forfeits_buyer,
+        o.error,
+        us.prompt_tokens,
+        us.completion_tokens,
+        us.latency_s,
+        us.cost_usd,
+        us.calls,
+        ub.prompt_tokens,
+        ub.completion_tokens,
+        ub.latency_s,
+        ub.cost_usd,
+        ub.calls,
+        wall_s,
+        SCHEMA_VERSION,
+    )
+
+
 def negotiation_row(
     job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
 ) -> dict[str, Any]:
-    """The negotiations-table row of one attempt."""
-    o, sc = result.outcome, job.scenario
-    row: dict[str, Any] = {
-        "negotiation_id": job.negotiation_id,
-        "attempt": attempt,
-        "run_id": job.run_id,
-        "arm": job.arm,
-        "day": job.day,
-        "pair": job.pair,
-        "step": job.step,
-        "group": job.group,
-        "policy_version": job.policy_version,
-        "reward": reward,
-        "scenario_id": sc.id,
-        "scenario_hash": scenario_hash(sc),
-        "category": sc.category,
-        "seller": job.seller,
-        "buyer": job.buyer,
-        "seed": job.seed,
-        "opener": sc.opener.value,
-        "max_rounds": sc.max_rounds,
-        "end_reason": o.end_reason.value,
-        "agreed": o.agreed,
-        "agreement": _offer_json(o.agreement),
-        "seller_utility": o.seller_utility,
-        "buyer_utility": o.buyer_utility,
-        "seller_reservation": sc.seller.reservation,
-        "buyer_reservation": sc.buyer.reservation,
-        "rounds": o.rounds,
-        "turns": o.turns,
-        "turns_seller": sum(t.role is Role.SELLER for t in result.turns),
-        "turns_buyer": sum(t.role is Role.BUYER for t in result.turns),
-        "ended_by": None if o.ended_by is None else o.ended_by.value,
-        "invalid_seller": o.invalid_seller,
-        "invalid_buyer": o.invalid_buyer,
-        "forfeits_seller": o.forfeits_seller,
-        "forfeits_buyer": o.forfeits_buyer,
-        "error": o.error,
-        "wall_s": wall_s,
-        "schema_version": SCHEMA_VERSION,
-    }
-    for side, usage in (("seller", result.usage_seller), ("buyer", result.usage_buyer)):
-        for key in (*_USAGE, "calls"):
-            row[f"{side}_{key}"] = getattr(usage, key)
-    return row
+    """The negotiations-table row of one attempt, by column name."""
+    return dict(zip(NEGOTIATION_COLUMNS, negotiation_values(job, attempt, result, wall_s, reward), strict=True))
 
 
-def turn_rows(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> list[dict[str, Any]]:
-    """The turns-table rows of one attempt."""
+_NO_USAGE = (None, None, None, None, None)
+_ROLE_VALUES = {r: r.value for r in Role}  # a dict lookup, not the enum's Python-level ``value`` property
+_KIND_VALUES = {k: k.value for k in ActionKind}
+
+
+def turn_values(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> list[tuple[Any, ...]]:
+    """The turns-table rows of one attempt, as tuples in :data:`TURNS_SCHEMA`'s column order."""
     rows = []
     for t in turns:
         a = t.action
-        row = {
-            "negotiation_id": negotiation_id,
-            "attempt": attempt,
-            "index": t.index,
-            "round": t.round,
-            "role": t.role.value,
-            "try": t.attempt,
-            "kind": a.kind.value,
-            "offer": _offer_json(a.offer),
-            "message": a.message,
-            "raw": a.raw,
-            "error": a.error,
-            "valid": t.valid,
-            "feedback": t.feedback,
-            "utility_seller": t.utility_seller,
-            "utility_buyer": t.utility_buyer,
-        }
-        for key in (*_USAGE, "calls"):
-            row[key] = None if a.usage is None else getattr(a.usage, key)
-        rows.append(row)
+        u = a.usage
+        usage = _NO_USAGE if u is None else (u.prompt_tokens, u.completion_tokens, u.latency_s, u.cost_usd, u.calls)
+        offer = a.offer
+        rows.append(
+            (
+                negotiation_id,
+                attempt,
+                t.index,
+                t.round,
+                _ROLE_VALUES[t.role],
+                t.attempt,
+                _KIND_VALUES[a.kind],
+                None if offer is None else offer.to_json(),
+                a.message,
+                a.raw,
+                a.error,
+                t.valid,
+                t.feedback,
+                t.utility_seller,
+                t.utility_buyer,
+                *usage,
+            )
+        )
     return rows
+
+
+def turn_rows(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> list[dict[str, Any]]:
+    """The turns-table rows of one attempt, by column name."""
+    return [dict(zip(TURN_COLUMNS, row, strict=True)) for row in turn_values(negotiation_id, attempt, turns)]
+
+
+def frame_of(rows: Sequence[tuple[Any, ...]], schema: pl.Schema) -> pl.DataFrame:
+    """A table of ``rows`` (tuples in ``schema``'s column order), built column by column: several times faster than
+    from one dict per row, with the same values and types (a number of another type is cast, as a build from rows
+    casts it)."""
+    columns = zip(*rows, strict=True) if rows else ((),) * len(schema)
+    return pl.DataFrame(
+        [
+            pl.Series(name, values, dtype=dtype, strict=False)
+            for (name, dtype), values in zip(schema.items(), columns, strict=True)
+        ]
+    )
 
 
 def _usage(row: Mapping[str, Any], prefix: str = "") -> Usage | None:

@@ -32,9 +32,10 @@ from .transcript_rows import (
     NEGOTIATIONS_SCHEMA,
     SCHEMA_VERSION,
     TURNS_SCHEMA,
-    negotiation_row,
+    frame_of,
+    negotiation_values,
     results_from_tables,
-    turn_rows,
+    turn_values,
 )
 from .types import EndReason, NegotiationResult
 
@@ -89,8 +90,9 @@ class TranscriptWriter:
         self.compact_at = compact_at
         for table in ("negotiations", "turns"):
             (self.directory / table).mkdir(parents=True, exist_ok=True)
-        self._negotiations: list[dict[str, Any]] = []
-        self._turns: list[dict[str, Any]] = []
+        # rows as tuples in their schema's column order (see transcript_rows.frame_of)
+        self._negotiations: list[tuple[Any, ...]] = []
+        self._turns: list[tuple[Any, ...]] = []
         self.written = 0
         """Negotiation rows written by this writer so far."""
         with self._lock():
@@ -194,8 +196,8 @@ class TranscriptWriter:
         self, job: Job, attempt: int, result: NegotiationResult, wall_s: float, reward: float | None = None
     ) -> None:
         """Buffer one attempt; writes a part once ``flush_every`` attempts are buffered."""
-        self._negotiations.append(negotiation_row(job, attempt, result, wall_s, reward))
-        self._turns.extend(turn_rows(job.negotiation_id, attempt, result.turns))
+        self._negotiations.append(negotiation_values(job, attempt, result, wall_s, reward))
+        self._turns.extend(turn_values(job.negotiation_id, attempt, result.turns))
         self._index[job.negotiation_id] = Attempt(attempt, result.outcome.end_reason is not EndReason.ERROR, None)
         if len(self._negotiations) >= self.flush_every:
             self.flush()
@@ -204,8 +206,8 @@ class TranscriptWriter:
         """Write buffered rows as the next part (turns part first, then the negotiations part), then compact."""
         if not self._negotiations:
             return
-        turns = pl.DataFrame(self._turns, schema=TURNS_SCHEMA, orient="row")
-        negotiations = pl.DataFrame(self._negotiations, schema=NEGOTIATIONS_SCHEMA, orient="row")
+        turns = frame_of(self._turns, TURNS_SCHEMA)
+        negotiations = frame_of(self._negotiations, NEGOTIATIONS_SCHEMA)
         # the part number is taken under the directory's lock, so writers in other processes (or other writers on
         # the same directory) never pick the same one, and none repairs away a part another is writing
         with self._lock():
@@ -213,10 +215,10 @@ class TranscriptWriter:
             name = Span(number, number).name
             self._write(turns, "turns", name)
             self._write(negotiations, "negotiations", name)
-            for row in self._negotiations:
-                entry = self._index[row["negotiation_id"]]
-                if entry.number == row["attempt"]:
-                    self._index[row["negotiation_id"]] = Attempt(entry.number, entry.ok, number)
+            for negotiation_id, attempt, *_ in self._negotiations:
+                entry = self._index[negotiation_id]
+                if entry.number == attempt:
+                    self._index[negotiation_id] = Attempt(entry.number, entry.ok, number)
             self.written += len(self._negotiations)
             self._negotiations, self._turns = [], []
             self._compact()  # the rows are written and accounted for: a failing merge cannot write them twice

@@ -183,3 +183,25 @@ async def test_a_rerun_reads_back_only_the_parts_that_hold_its_results(tmp_path,
     again = await Marketplace(factories("a", "b"), writer=writer).run(jobs[6:8])
     assert again == results[6:8] and writer.written == 0
     assert sorted(read) == ["part-00000002.parquet"] * 2  # its negotiations and its turns, nothing else
+
+
+async def test_rows_buffered_as_tuples_make_the_table_that_rows_by_column_name_make():
+    from nego.market.transcript_rows import frame_of, negotiation_row, negotiation_values, turn_rows, turn_values
+
+    specs = {**factories("a", "b", invalid_first=True, tokens=7), "broken": BrokenFactory()}
+    jobs = [*jobs_for(6), *(Job(make_widget_scenario(), "broken", "b", seed=i, step=i) for i in range(2))]
+    results = await Marketplace(specs).run(jobs)
+    rewards = [None, 0.25, -1.0, None, 1.0, 0.5, None, 0.0]
+    played = list(enumerate(zip(jobs, results, rewards, strict=True)))
+    named = pl.DataFrame(
+        [negotiation_row(j, k, r, 0.1 * k, w) for k, (j, r, w) in played], schema=NEGOTIATIONS_SCHEMA, orient="row"
+    )
+    tuples = frame_of([negotiation_values(j, k, r, 0.1 * k, w) for k, (j, r, w) in played], NEGOTIATIONS_SCHEMA)
+    assert tuples.equals(named) and tuples.schema == NEGOTIATIONS_SCHEMA
+    assert named["end_reason"].to_list().count("error") == 2 and named["seller_prompt_tokens"].sum() > 0
+    by_name = [row for j, r in zip(jobs, results, strict=True) for row in turn_rows(j.negotiation_id, 1, r.turns)]
+    by_tuple = [row for j, r in zip(jobs, results, strict=True) for row in turn_values(j.negotiation_id, 1, r.turns)]
+    turns = frame_of(by_tuple, TURNS_SCHEMA)
+    assert turns.equals(pl.DataFrame(by_name, schema=TURNS_SCHEMA, orient="row")) and turns.schema == TURNS_SCHEMA
+    assert turns["valid"].to_list().count(False) > 0 and turns["prompt_tokens"].null_count() < turns.height
+    assert frame_of([], TURNS_SCHEMA).schema == TURNS_SCHEMA  # nothing buffered: an empty table of the schema
