@@ -10,6 +10,7 @@ object, without running ``__init__`` or ``__post_init__`` again (it was checked 
 
 from __future__ import annotations
 
+import copyreg
 import operator
 from collections.abc import Callable
 from dataclasses import fields
@@ -28,14 +29,13 @@ def compact_pickling(cls: type[T]) -> type[T]:
     _SETTERS[cls] = tuple(cls.__dict__[name].__set__ for name in names)
     get = operator.attrgetter(*names)
 
-    if len(names) == 1:
+    def values(self: T) -> tuple[Any, ...]:
+        return (get(self),) if len(names) == 1 else get(self)
 
-        def __reduce__(self: T) -> tuple[Any, ...]:
-            return _restore, (cls, (get(self),))
-    else:
-
-        def __reduce__(self: T) -> tuple[Any, ...]:
-            return _restore, (cls, get(self))
+    def __reduce__(self: T) -> tuple[Any, ...]:
+        if type(self) is not cls:  # a subclass (perhaps with fields of its own) pickles as dataclasses pickle it
+            return copyreg.__newobj__, (type(self),), self.__getstate__()  # type: ignore[attr-defined]
+        return _restore, (cls, values(self))
 
     cls.__reduce__ = __reduce__  # type: ignore[assignment, method-assign]
     return cls

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nego.market.marketplace import Job
 from nego.scenarios.generator import generate_scenario
+from nego.scenarios.issues import Issue, IssueKind
 from nego.scenarios.scenario import Role
 
 
@@ -44,3 +46,17 @@ def test_a_pickled_job_comes_back_equal_with_its_id():
     job = Job(generate_scenario(3), "boulware", "tft", seed=11, day=2, pair=5)
     back = pickle.loads(pickle.dumps(job))
     assert back == job and back.negotiation_id == job.negotiation_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Tagged(Issue):
+    """An issue with a field of its own (module level, so that pickle finds it)."""
+
+    label: str = ""
+
+
+def test_a_subclass_with_a_field_of_its_own_pickles_as_itself():
+    tagged = _Tagged("price", IssueKind.INT, low=1, high=5, label="x")
+    back = pickle.loads(pickle.dumps(tagged))
+    assert type(back) is _Tagged and back.label == "x" and back == tagged
+    assert type(pickle.loads(pickle.dumps(Issue("price", IssueKind.INT, low=1, high=5)))) is Issue
