@@ -56,11 +56,12 @@ import importlib, sys
 missing = [m for m in ("torch", "transformers", "trl", "peft", "datasets", "polars") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"error: missing {', '.join(missing)}: install nego's training extra (pip install -e '.[train]')")
-import torch, transformers, trl
+from importlib.metadata import version  # the installed versions, without importing transformers and trl here
+import torch
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 vllm = importlib.util.find_spec("vllm") is not None
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"trl {trl.__version__}, vllm {'installed' if vllm else 'absent'}; {gpu}")
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {version('transformers')}, "
+      f"trl {version('trl')}, vllm {'installed' if vllm else 'absent'}; {gpu}")
 PY
 
 failed=()
