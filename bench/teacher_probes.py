@@ -17,20 +17,15 @@ With ``k = slack = 0`` and ``opening = 1`` it plays as the teacher. Run from the
 
 from __future__ import annotations
 
-from nego.agents.rules.base import (
-    ACCEPT,
-    WALK_AWAY,
-    Clock,
-    RuleNegotiator,
-    acceptable,
-    concession_target,
-    offer_action,
-    opponent_offers,
-)
+from nego.agents.rules.base import ACCEPT, WALK_AWAY, acceptable, offer_action, opponent_offers
+from nego.agents.rules.timedep import TimeDependent
 from nego.market.types import Action, Observation
 
 
-class TeacherVariant(RuleNegotiator):
+class TeacherVariant(TimeDependent):
+    """The teacher (a :class:`TimeDependent` with a step) with reciprocity ``k``, acceptance ``slack`` and an
+    ``opening`` cap on top."""
+
     def __init__(
         self,
         e: float = 0.2,
@@ -40,26 +35,25 @@ class TeacherVariant(RuleNegotiator):
         opening: float = 1.0,
         seed: int = 0,
     ) -> None:
-        super().__init__(seed)
-        self.e, self.step, self.k, self.slack, self.opening = e, step, k, slack, opening
-        self._last: float | None = None
+        super().__init__(e, seed=seed, step=step)
+        self.k, self.slack, self.opening = k, slack, opening
         self._given = 0.0
         self._seen = 0
 
     def start(self, obs: Observation) -> None:
-        self._last, self._given, self._seen = None, 0.0, 0
+        super().start(obs)
+        self._given, self._seen = 0.0, 0
 
     async def act(self, obs: Observation) -> Action:
         space = self.space(obs)
-        rv = obs.scenario.preferences.reservation
+        rv = self.floor(obs)
         if self.hopeless(space, rv):
             return WALK_AWAY
-        t = Clock.OWN.time(obs)
         theirs = opponent_offers(obs)
         if self.k and len(theirs) >= 2 and len(theirs) > self._seen:
             self._given += self.k * max(0.0, space.utility_of(theirs[-1]) - space.utility_of(theirs[-2]))
         self._seen = len(theirs)
-        target = concession_target(space, max(rv, space.worst), t, self.e) - self._given
+        target = self._target(space, rv, self.clock.time(obs)) - self._given
         if self.step and self._last is not None:
             target = min(target, self._last - self.step)
         target = max(min(target, rv + self.opening * (space.best - rv)), rv)
