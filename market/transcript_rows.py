@@ -187,7 +187,6 @@ def turn_values(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> lis
         a = t.action
         u = a.usage
         usage = _NO_USAGE if u is None else (u.prompt_tokens, u.completion_tokens, u.latency_s, u.cost_usd, u.calls)
-        offer = a.offer
         rows.append(
             (
                 negotiation_id,
@@ -197,7 +196,7 @@ def turn_values(negotiation_id: str, attempt: int, turns: Iterable[Turn]) -> lis
                 _ROLE_VALUES[t.role],
                 t.attempt,
                 _KIND_VALUES[a.kind],
-                None if offer is None else offer.to_json(),
+                _offer_json(a.offer),
                 a.message,
                 a.raw,
                 a.error,

@@ -27,10 +27,8 @@ def compact_pickling(cls: type[T]) -> type[T]:
     if "__slots__" not in cls.__dict__ or not names:
         raise TypeError(f"{cls.__name__}: compact pickling needs a slots dataclass with fields")
     _SETTERS[cls] = tuple(cls.__dict__[name].__set__ for name in names)
-    get = operator.attrgetter(*names)
-
-    def values(self: T) -> tuple[Any, ...]:
-        return (get(self),) if len(names) == 1 else get(self)
+    read = operator.attrgetter(*names)
+    values: Callable[[Any], tuple[Any, ...]] = read if len(names) > 1 else (lambda self: (read(self),))
 
     def __reduce__(self: T) -> tuple[Any, ...]:
         if type(self) is not cls:  # a subclass (perhaps with fields of its own) pickles as dataclasses pickle it
