@@ -9,7 +9,9 @@ Conceder buyer (e=2). ``--space small`` has 6,000 outcomes (delivery {1,7,13,19,
 nego plays through ``run_negotiation`` with agents from the registry (``timedep:e=...,clock=negmas``: the same
 time-dependent strategy with NegMAS's relative time t = round / (rounds + 1)); NegMAS plays its
 ``AspirationNegotiator`` (exponent 1/e, tolerance 1e-9) in ``SAOMechanism``. Each engine runs in its own
-subprocess (NegMAS from its own virtualenv); speed is negotiations per CPU-second (``time.process_time``). The
+subprocess (NegMAS from its own virtualenv); speed is negotiations per CPU-second (``time.process_time``), with the
+imports and the draw of the weights timed apart. The engines alternate over ``--rounds`` rounds (the one going first
+alternates too) and the report gives each round's ratio and their median: the machine's speed drifts. The
 virtualenv, once: ``python3.11 -m venv bench/.venv-negmas && bench/.venv-negmas/bin/pip install negmas==0.16.0``.
 
     python bench/throughput.py                       # both engines, both spaces, prints a report
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -59,7 +62,7 @@ def weights(k: int) -> tuple[dict[str, float], dict[str, float]]:
     return dict(zip(names, map(float, ws), strict=True)), dict(zip(names, map(float, wb), strict=True))
 
 
-def run_nego(space: str, n: int) -> list[dict]:
+def run_nego(space: str, n: int, draws: list[tuple[dict[str, float], dict[str, float]]]) -> list[dict]:
     import asyncio
 
     from nego.agents.registry import resolve
@@ -97,7 +100,7 @@ def run_nego(space: str, n: int) -> list[dict]:
     async def main() -> list[dict]:
         rows = []
         for k in range(n):
-            ws, wb = weights(k)
+            ws, wb = draws[k]
             sc = Scenario(
                 f"bench-{k}",
                 "widgets",
@@ -115,7 +118,7 @@ def run_nego(space: str, n: int) -> list[dict]:
     return asyncio.run(main())
 
 
-def run_negmas(space: str, n: int) -> list[dict]:
+def run_negmas(space: str, n: int, draws: list[tuple[dict[str, float], dict[str, float]]]) -> list[dict]:
     from negmas import AspirationNegotiator, SAOMechanism, make_issue
     from negmas.outcomes import make_os
     from negmas.preferences import LinearAdditiveUtilityFunction
@@ -134,7 +137,7 @@ def run_negmas(space: str, n: int) -> list[dict]:
     }
     rows = []
     for k in range(n):
-        ws, wb = weights(k)
+        ws, wb = draws[k]
         m = SAOMechanism(outcome_space=os_, n_steps=ROUNDS)
         us = LinearAdditiveUtilityFunction(values=tables[1], weights=ws, outcome_space=os_, reserved_value=RESERVATION)
         ub = LinearAdditiveUtilityFunction(values=tables[-1], weights=wb, outcome_space=os_, reserved_value=RESERVATION)
@@ -160,14 +163,16 @@ ENGINE_MODULES = {
 
 
 def engine_main(engine: str, space: str, n: int) -> None:
-    """Import the engine (timed apart), then play and time the negotiations, scenario construction included."""
+    """Import the engine and draw the workload's weights (both timed apart), then play and time the negotiations,
+    scenario and utility-function construction included."""
     import importlib
 
     t0 = time.process_time()
     for module in ENGINE_MODULES[engine]:
         importlib.import_module(module)
+    draws = [weights(k) for k in range(n)]
     t1 = time.process_time()
-    rows = (run_nego if engine == "nego" else run_negmas)(space, n)
+    rows = (run_nego if engine == "nego" else run_negmas)(space, n, draws)
     cpu = time.process_time() - t1
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {"engine": engine, "space": space, "n": n, "cpu_s": cpu, "import_s": t1 - t0, "rss_mb": rss_mb}
@@ -203,30 +208,41 @@ def summarise(res: dict) -> dict:
     }
 
 
-def compare(space: str, n_nego: int, n_negmas: int) -> list[str]:
-    nego, lines = spawn("nego", space, n_nego), []
-    s = summarise(nego)
-    lines.append(f"[{space}: {len(grids(space)['delivery']) * len(grids(space)['warranty']) * 200:,} outcomes]")
-    lines.append(
-        f"  nego   {n_nego:5d} negs  {s['rate']:9.1f} negs/CPU-s  agree {s['agree']:.3f}  "
+def rate_line(engine: str, n: int, s: dict) -> str:
+    return (
+        f"  {engine:6s} {n:5d} negs  {s['rate']:9.1f} negs/CPU-s  agree {s['agree']:.3f}  "
         f"seller {s['us']:.4f}  buyer {s['ub']:.4f}  peak RSS {s['rss']:.0f} MB"
     )
+
+
+def compare(space: str, n_nego: int, n_negmas: int, rounds: int) -> list[str]:
+    """``rounds`` rounds of both engines, alternating which goes first; the ratio of each round and their median."""
+    lines = [f"[{space}: {len(grids(space)['delivery']) * len(grids(space)['warranty']) * 200:,} outcomes]"]
     if not NEGMAS_PY.exists():
+        nego = spawn("nego", space, n_nego)
+        lines.append(rate_line("nego", n_nego, summarise(nego)))
         lines.append(f"  negmas not installed at {NEGMAS_PY}: nego figures only")
         return lines
-    neg = spawn("negmas", space, n_negmas)
-    t = summarise(neg)
-    lines.append(
-        f"  negmas {n_negmas:5d} negs  {t['rate']:9.1f} negs/CPU-s  agree {t['agree']:.3f}  "
-        f"seller {t['us']:.4f}  buyer {t['ub']:.4f}  peak RSS {t['rss']:.0f} MB"
-    )
+    ratios, first = [], None
+    for r in range(rounds):
+        order = ("nego", "negmas") if r % 2 == 0 else ("negmas", "nego")
+        res = {engine: spawn(engine, space, n_nego if engine == "nego" else n_negmas) for engine in order}
+        nego, neg = res["nego"], res["negmas"]
+        first = first or (nego, neg)
+        s, t = summarise(nego), summarise(neg)
+        ratios.append(s["rate"] / t["rate"])
+        lines.append(f" round {r + 1} ({order[0]} first)")
+        lines += [rate_line("nego", n_nego, s), rate_line("negmas", n_negmas, t)]
+        lines.append(f"  speed ratio nego/negmas: {ratios[-1]:.1f}x")
+    if rounds > 1:
+        lines.append(f" median speed ratio over {rounds} rounds: {statistics.median(ratios):.1f}x")
+    nego, neg = first
     paired = nego["rows"][:n_negmas]
-    s2 = summarise({**nego, "rows": paired})
+    s2, t = summarise({**nego, "rows": paired}), summarise(neg)
     same = sum(
         a["agreed"] == b["agreed"] and abs(a["us"] - b["us"]) < 1e-6 and abs(a["ub"] - b["ub"]) < 1e-6
         for a, b in zip(paired, neg["rows"], strict=True)
     )
-    lines.append(f"  speed ratio nego/negmas: {s['rate'] / t['rate']:.1f}x")
     lines.append(
         f"  on the {n_negmas} shared scenarios: agreement {s2['agree']:.3f} vs {t['agree']:.3f}; "
         f"mean seller diff {s2['us'] - t['us']:+.4f}, buyer diff {s2['ub'] - t['ub']:+.4f}; "
@@ -240,7 +256,10 @@ def main() -> None:
     p.add_argument("--engine", choices=["nego", "negmas", "both"], default="both")
     p.add_argument("--space", choices=["small", "full", "both"], default="both")
     p.add_argument("-n", type=int, default=2000, help="negotiations per engine and space")
+    p.add_argument("--negmas-n", type=int, default=1000, help="NegMAS negotiations per round on the small space")
     p.add_argument("--negmas-n-full", type=int, default=100, help="NegMAS negotiations on the full space (slow)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of both engines on the small space")
+    p.add_argument("--rounds-full", type=int, default=1, help="rounds of both engines on the full space")
     a = p.parse_args()
     if a.engine != "both":
         engine_main(a.engine, a.space, a.n)
@@ -251,7 +270,10 @@ def main() -> None:
         f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
     ]
     for space in ["small", "full"] if a.space == "both" else [a.space]:
-        lines += compare(space, a.n, a.n if space == "small" else min(a.n, a.negmas_n_full))
+        if space == "small":
+            lines += compare(space, a.n, min(a.n, a.negmas_n), a.rounds)
+        else:
+            lines += compare(space, a.n, min(a.n, a.negmas_n_full), a.rounds_full)
     print("\n".join(lines))
 
 

@@ -31,10 +31,13 @@ class Clock(StrEnum):
     NEGMAS = "negmas"
 
     def time(self, obs: Observation) -> float:
-        n = obs.scenario.max_rounds
+        return self.at(obs.round, obs.scenario.max_rounds)
+
+    def at(self, round_: int, max_rounds: int) -> float:
+        """Relative time of round ``round_`` out of ``max_rounds``."""
         if self is Clock.NEGMAS:
-            return obs.round / (n + 1)
-        return 1.0 if n <= 1 else min(1.0, (obs.round - 1) / (n - 1))
+            return round_ / (max_rounds + 1)
+        return 1.0 if max_rounds <= 1 else min(1.0, (round_ - 1) / (max_rounds - 1))
 
 
 class RuleNegotiator:
@@ -79,6 +82,13 @@ def cheapest_at_least(space: OutcomeSpace, target: float, rv: float) -> Index:
     Ties with ``target`` within EPS count as reaching it; the reservation value must be cleared by EPS."""
     idx = space.at_least(max(target - EPS, rv + EPS))
     return space.best_index if idx is None else idx
+
+
+def cheapest_at_least_many(space: OutcomeSpace, targets: list[float], rv: float) -> list[Index]:
+    """:func:`cheapest_at_least` of each target, in one vectorised query."""
+    floor = rv + EPS
+    found = space.at_least_many([max(target - EPS, floor) for target in targets])
+    return [space.best_index if idx is None else idx for idx in found]
 
 
 def concession_target(space: OutcomeSpace, lo: float, t: float, e: float) -> float:

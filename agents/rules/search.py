@@ -55,6 +55,58 @@ def _group_sums(contribs: Sequence[np.ndarray], group: Sequence[int]) -> np.ndar
     return total
 
 
+class _Layout:
+    """What every outcome space over one issues tuple shares: the grids, the split into two groups, how a flat
+    index decodes into values, and the offers decoded so far (an index names the same outcome in all of them)."""
+
+    MAX_OFFERS = 1 << 16
+    """Decoded offers kept; past it the table starts again."""
+
+    def __init__(self, issues: tuple[Issue, ...]) -> None:
+        self.issues = issues
+        self.names = [issue.name for issue in issues]
+        self.grids = [issue.grid() for issue in issues]
+        self.left, self.right = _split(tuple(len(g) for g in self.grids))
+        self.grid_valid = all(issue.grid_is_valid() for issue in issues)
+        # per group, (issue position, grid size, grid) from the fastest-varying issue of its flat index to the slowest
+        self.decode = tuple(
+            tuple((pos, len(self.grids[pos]), self.grids[pos]) for pos in reversed(group))
+            for group in (self.left, self.right)
+        )
+        self.offers: dict[Index, Offer] = {}
+
+    def offer(self, index: Index) -> Offer:
+        offer = self.offers.get(index)
+        if offer is None:
+            values: list[Value] = [0] * len(self.names)
+            for flat, plan in zip(index, self.decode, strict=True):
+                for pos, size, grid in plan:
+                    flat, k = divmod(flat, size)
+                    values[pos] = grid[k]
+            ordered = dict(zip(self.names, values, strict=True))
+            offer = Offer.known_valid(ordered, self.issues) if self.grid_valid else Offer(ordered)
+            if len(self.offers) >= self.MAX_OFFERS:
+                self.offers.clear()
+            self.offers[index] = offer
+        return offer
+
+
+_LAYOUTS: dict[int, _Layout] = {}
+_MAX_LAYOUTS = 64
+
+
+def _layout(issues: tuple[Issue, ...]) -> _Layout:
+    """The layout of this issues tuple, kept by the tuple's identity (the layout holds the tuple, so its id is not
+    reused meanwhile); the oldest layouts make room for new ones."""
+    layout = _LAYOUTS.get(id(issues))
+    if layout is not None and layout.issues is issues:
+        return layout
+    while len(_LAYOUTS) >= _MAX_LAYOUTS:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    layout = _LAYOUTS[id(issues)] = _Layout(issues)
+    return layout
+
+
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """For each left index, the right partner with the smallest total utility reaching a target."""
@@ -72,31 +124,24 @@ class OutcomeSpace:
 
     def __init__(self, issues: tuple[Issue, ...], preferences: Preferences) -> None:
         self.issues = issues
-        grids = [issue.grid() for issue in issues]
-        names = [issue.name for issue in issues]
-        self._left, self._right = _split(tuple(len(g) for g in grids))
+        self._layout = layout = _layout(issues)
         contribs = preferences.grid_utilities(issues)
-        self._a = _group_sums(contribs, self._left)
-        b = _group_sums(contribs, self._right)
+        self._a = a = _group_sums(contribs, layout.left)
+        self._b = b = _group_sums(contribs, layout.right)
         self._order = np.argsort(b, kind="stable")
-        self._bs = b[self._order]
-        self._bs_inf = np.append(self._bs, np.inf)  # sentinel: searchsorted past the end reads +inf
-        self._b = b
-        self._names = names
-        self._grids = grids
+        n = len(b)
+        self._bs_inf = np.empty(n + 1)  # b sorted, then a sentinel: searchsorted past the end reads +inf
+        np.take(b, self._order, out=self._bs_inf[:n])
+        self._bs_inf[n] = np.inf
+        self._bs = self._bs_inf[:n]
         self._score = preferences.scorer(issues)
         self._seen: dict[int, tuple[Offer, float]] = {}
-        ia, ib = int(np.argmax(self._a)), int(np.argmax(b))
+        ia, ib = int(a.argmax()), int(b.argmax())
         self.best_index: Index = (ia, ib)
-        self.best = float(self._a[ia] + b[ib])
-        self.worst = float(self._a.min() + self._bs[0])
+        self.best = float(a[ia] + b[ib])
+        self.worst = float(a.min() + self._bs[0])
         self._floor_cache: tuple[float, np.ndarray, np.ndarray] | None = None
         self._offers: dict[Index, Offer] = {}
-        self._grid_valid = all(issue.grid_is_valid() for issue in issues)
-        # per group, (issue position, grid size, grid) from the fastest-varying issue of its flat index to the slowest
-        self._decode = tuple(
-            tuple((pos, len(grids[pos]), grids[pos]) for pos in reversed(group)) for group in (self._left, self._right)
-        )
 
     @property
     def size(self) -> int:
@@ -110,17 +155,8 @@ class OutcomeSpace:
         """The outcome at ``index`` as an offer; the same object each time it is asked for."""
         offer = self._offers.get(index)
         if offer is None:
-            offer = self._offers[index] = self._make_offer(index)
+            offer = self._offers[index] = self._layout.offer(index)
         return offer
-
-    def _make_offer(self, index: Index) -> Offer:
-        values: list[Value] = [0] * len(self._names)
-        for flat, plan in zip(index, self._decode, strict=True):
-            for pos, size, grid in plan:
-                flat, k = divmod(flat, size)
-                values[pos] = grid[k]
-        ordered = dict(zip(self._names, values, strict=True))
-        return Offer.known_valid(ordered, self.issues) if self._grid_valid else Offer(ordered)
 
     def utility_of(self, offer: Mapping[str, Value]) -> float:
         """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (its scorer: same terms,
@@ -152,6 +188,16 @@ class OutcomeSpace:
             return None
         return i, int(self._order[j[i]])
 
+    def at_least_many(self, targets: Sequence[float]) -> list[Index | None]:
+        """:meth:`at_least` of each target, in one vectorised pass: the same answers, element by element."""
+        j = self._bs.searchsorted(np.asarray(targets, dtype=float)[:, None] - self._a)
+        tot = self._a + self._bs_inf[j]
+        best = tot.argmin(axis=1)
+        rows = np.arange(len(best))
+        found = (tot[rows, best] != np.inf).tolist()
+        rights = self._order[np.minimum(j[rows, best], len(self._bs) - 1)].tolist()  # past the end: not found
+        return [(i, r) if ok else None for i, r, ok in zip(best.tolist(), rights, found, strict=True)]
+
     def count_at_least(self, floor: float) -> int:
         return int(self._floor_counts(floor)[1][-1])
 
@@ -175,7 +221,7 @@ class OutcomeSpace:
     def group_sums(self, contribs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Sums of other per-issue contributions (e.g. an estimated opponent utility) over the same two groups,
         indexed like :meth:`offer`'s indices."""
-        return _group_sums(contribs, self._left), _group_sums(contribs, self._right)
+        return _group_sums(contribs, self._layout.left), _group_sums(contribs, self._layout.right)
 
     def grid_position(self, issue_pos: int, value: Value) -> int | None:
         """Index of ``value`` on the issue's grid (nearest grid point for numbers; None if not on it)."""

@@ -30,8 +30,21 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
-from .search import OutcomeSpace
+from .base import (
+    ACCEPT,
+    WALK_AWAY,
+    Clock,
+    RuleNegotiator,
+    acceptable,
+    cheapest_at_least_many,
+    concession_target,
+    offer_action,
+)
+from .search import Index, OutcomeSpace
+
+PLAN_ROUNDS = 32
+"""Rounds whose (time, target, offer) a negotiator without ``step`` works out in one query when it first needs one
+of them: its schedule depends on the round alone."""
 
 
 class TimeDependent(RuleNegotiator):
@@ -61,9 +74,11 @@ class TimeDependent(RuleNegotiator):
         self.patience = patience
         self.step = step
         self._last: float | None = None  # own utility of its previous offer in this negotiation
+        self._plan: dict[int, tuple[float, float, Index]] = {}  # round -> (time, target, offer), without step
 
     def start(self, obs: Observation) -> None:
         self._last = None
+        self._plan = {}
 
     def floor(self, obs: Observation) -> float:
         """The lowest own utility it will ever accept or offer: reservation plus margin."""
@@ -80,15 +95,31 @@ class TimeDependent(RuleNegotiator):
         floor = self.floor(obs)
         if self.hopeless(space, floor):
             return WALK_AWAY
+        if not self.step:
+            planned = self._plan.get(obs.round) or self._plan_from(obs, space, floor)
+            t, target, index = planned
+            if acceptable(obs, max(target, floor), space):
+                return ACCEPT
+            return WALK_AWAY if t > self.patience else offer_action(space, index)
         t = self.clock.time(obs)
         target = self._target(space, floor, t)
-        if self.step and self._last is not None:
+        if self._last is not None:
             target = min(target, self._last - self.step)
         if acceptable(obs, max(target, floor), space):
             return ACCEPT
         if t > self.patience:
             return WALK_AWAY
         index = self.offer_at_least(space, target, floor)
-        if self.step:
-            self._last = space.utility(index)
+        self._last = space.utility(index)
         return offer_action(space, index)
+
+    def _plan_from(self, obs: Observation, space: OutcomeSpace, floor: float) -> tuple[float, float, Index]:
+        """Plan this round and up to ``PLAN_ROUNDS - 1`` after it: the same times, targets and offers as working
+        each out on its turn."""
+        n = obs.scenario.max_rounds
+        rounds = range(obs.round, max(obs.round, min(n, obs.round + PLAN_ROUNDS - 1)) + 1)
+        times = [self.clock.at(r, n) for r in rounds]
+        targets = [self._target(space, floor, t) for t in times]
+        offers = cheapest_at_least_many(space, targets, floor)
+        self._plan.update(zip(rounds, zip(times, targets, offers, strict=True), strict=True))
+        return self._plan[obs.round]

@@ -243,3 +243,52 @@ def test_no_rational_outcome_means_walk_away():
     for spec in RULE_SPECS:
         action = asyncio.run(resolve(spec)(Role.SELLER, 0).act(obs_at(sc, Role.SELLER, 1)))
         assert action == Action.walk_away(), spec
+
+
+class _Recording:
+    """Wraps a negotiator and keeps every observation it was asked to act on, with its action."""
+
+    def __init__(self, agent):
+        self.agent, self.seen = agent, []
+
+    async def act(self, obs):
+        action = await self.agent.act(obs)
+        self.seen.append((obs, action))
+        return action
+
+
+def _timedep_by_the_rule(agent, obs: Observation) -> Action:
+    """The documented time-dependent rule, worked out afresh on each turn."""
+    from nego.agents.rules.base import EPS, acceptable, cheapest_at_least, concession_target
+    from nego.agents.rules.search import OutcomeSpace
+
+    space = OutcomeSpace(obs.scenario.issues, obs.scenario.preferences)
+    floor = obs.scenario.preferences.reservation + agent.margin
+    if space.best < floor + EPS:
+        return Action.walk_away()
+    t = agent.clock.time(obs)
+    target = concession_target(space, max(floor, space.worst), t, agent.e)
+    if acceptable(obs, max(target, floor), space):
+        return Action.accept()
+    if t > agent.patience:
+        return Action.walk_away()
+    return Action.make_offer(space.offer(cheapest_at_least(space, target, floor)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    spec=st.sampled_from(["boulware", "conceder", "timedep:e=0.5,clock=negmas", "timedep:e=1,margin=0.1,patience=0.6"]),
+    other=st.sampled_from(["conceder", "tft", "random", "hardliner"]),
+    rounds=st.sampled_from([1, 2, 9, 31, 32, 33, 70]),
+    role=st.sampled_from([Role.SELLER, Role.BUYER]),
+)
+def test_timedep_plans_ahead_with_the_moves_it_would_work_out_each_turn(seed, spec, other, rounds, role):
+    sc = random_scenario(seed, max_rounds=rounds, opener=role.other if seed % 2 else role)
+    agent = _Recording(resolve(spec)(role, seed))
+    rival = resolve(other)(role.other, seed + 1)
+    seller, buyer = (agent, rival) if role is Role.SELLER else (rival, agent)
+    asyncio.run(run_negotiation(sc, seller, buyer, seed=seed))
+    for obs, action in agent.seen:
+        expected = _timedep_by_the_rule(agent.agent, obs)
+        assert (action.kind, action.offer) == (expected.kind, expected.offer), obs.round

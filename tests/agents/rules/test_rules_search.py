@@ -95,3 +95,37 @@ def test_off_grid_values_fall_back_to_the_preferences():
     prefs = Preferences({"x": 0.5, "y": 0.5}, {"x": ValueFunction.increasing(), "y": ValueFunction.decreasing()}, 0.0)
     space = OutcomeSpace(issues, prefs)
     assert space.utility_of({"x": 0.3, "y": 1}) == prefs.utility({"x": 0.3, "y": 1}, issues)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 100_000),
+    n_issues=st.integers(1, 5),
+    targets=st.lists(st.floats(-0.1, 1.1), min_size=1, max_size=12),
+)
+def test_at_least_many_answers_each_target_as_at_least_does(seed, n_issues, targets):
+    space, _outcomes, _utils = space_for(seed, n_issues)
+    assert space.at_least_many(targets) == [space.at_least(t) for t in targets]
+
+
+def test_spaces_over_one_issues_tuple_share_their_offers():
+    first, _outcomes, _utils = space_for(3, 4)
+    rng = np.random.default_rng(0)
+    other = Preferences(
+        {name: float(w) for name, w in zip(first._layout.names, rng.dirichlet(np.ones(4)), strict=True)},
+        {
+            issue.name: ValueFunction.options({o: 0.5 for o in issue.options})
+            if issue.options
+            else ValueFunction.decreasing()
+            for issue in first.issues
+        },
+        reservation=0.0,
+    )
+    second = OutcomeSpace(first.issues, other)
+    index = (len(first._a) - 1, 0)
+    assert second.offer(index) is first.offer(index)
+    assert first.offer(index) is first.offer(index)
+    # an equal but distinct issues tuple decodes the same values into offers of its own
+    assert tuple(list(first.issues)) is not first.issues
+    copy = OutcomeSpace(tuple(list(first.issues)), other)
+    assert copy.offer(index) == first.offer(index) and copy.offer(index) is not first.offer(index)
