@@ -136,8 +136,11 @@ async def run_negotiation(
 async def _turn(game: _Game, agent: Negotiator, role: Role, rnd: int, cfg: ProtocolConfig) -> NegotiationResult | None:
     """One side's turn: up to ``1 + max_retries`` attempts. Returns the result if the negotiation ended."""
     feedback: str | None = None
+    view = game.views[role]
     for attempt in range(cfg.max_retries + 1):
-        obs = game.observation(role, rnd, attempt, feedback)
+        # game.observation, inlined: this runs on every turn
+        standing = game.standing if game.standing_by is not role else None
+        obs = Observation(view, tuple(game.history), rnd, standing, feedback, attempt)
         try:
             if cfg.turn_timeout_s is None:
                 action = await agent.act(obs)
@@ -196,13 +199,20 @@ class _Game:
             self.usage[role] = self.usage[role] + action.usage
         valid = feedback is None
         offer = action.offer if valid and action.kind is ActionKind.OFFER else None
-        us, ub = self.scores(offer) if offer is not None else (None, None)
+        if offer is None:
+            us = ub = None
+        else:
+            hit = self._scores.get(id(offer))
+            us, ub = (hit[1], hit[2]) if hit is not None else self.scores(offer)
         turn = Turn(len(self.turns), rnd, role, attempt, action, valid, feedback, us, ub)
         self.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(turn)
         if valid:
-            self.history.append(PublicMove(rnd, role, action.kind, offer, self.shown(action.message, role, rnd)))
+            message = action.message
+            if len(message) > self.max_message_chars:
+                message = self.shown(message, role, rnd)
+            self.history.append(PublicMove(rnd, role, action.kind, offer, message))
         else:
             self.invalid[role] += 1
 
@@ -212,7 +222,7 @@ class _Game:
         hit = self._scores.get(id(offer))
         if hit is not None:
             return hit[1], hit[2]
-        us, ub = self.utilities(offer)
+        us, ub = self.utilities(offer.as_mapping() if type(offer) is Offer else offer)
         self._scores[id(offer)] = (offer, us, ub)
         return us, ub
 

@@ -88,6 +88,11 @@ class Offer(Mapping[str, Value]):
     def to_dict(self) -> dict[str, Value]:
         return dict(self._values)
 
+    def as_mapping(self) -> Mapping[str, Value]:
+        """The values themselves, not a copy, for reading them many times without this class's item lookup (a
+        scorer reads every value of every offer); typed read-only, and never to be changed."""
+        return self._values
+
     def to_json(self) -> str:
         """The offer as a compact JSON object, in issue order (made once per offer: transcripts write it per turn)."""
         if self._json is None:

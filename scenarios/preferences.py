@@ -71,20 +71,34 @@ class ValueFunction:
     def grid_values(self, issue: Issue) -> np.ndarray:
         """Values of this function on the issue's grid, as a read-only float64 array (computed once per distinct
         function and issue: both are immutable and compare by value)."""
-        return _grid_values(self, issue)
+        return _on_grid(self, issue)[2]
+
+
+_SEEN_PAIRS: dict[tuple[int, int], tuple[ValueFunction, Issue, np.ndarray, dict[Value, float]]] = {}
+_MAX_SEEN_PAIRS = 4096
+
+
+def _on_grid(fn: ValueFunction, issue: Issue) -> tuple[ValueFunction, Issue, np.ndarray, dict[Value, float]]:
+    """(fn, issue, fn's values on the grid, {grid value: fn's value}), found by the objects' identities first (each
+    new preferences object reuses its scenario's functions and issues), then by their values."""
+    key = (id(fn), id(issue))
+    hit = _SEEN_PAIRS.get(key)
+    if hit is None or hit[0] is not fn or hit[1] is not issue:
+        if len(_SEEN_PAIRS) >= _MAX_SEEN_PAIRS:
+            _SEEN_PAIRS.clear()
+        hit = _SEEN_PAIRS[key] = (fn, issue, *_by_value(fn, issue))  # the entry keeps both alive: ids stay theirs
+    return hit
 
 
 @lru_cache(maxsize=4096)
-def _grid_values(fn: ValueFunction, issue: Issue) -> np.ndarray:
+def _by_value(fn: ValueFunction, issue: Issue) -> tuple[np.ndarray, dict[Value, float]]:
     values = np.array([fn(issue, v) for v in issue.grid()], dtype=np.float64)
     values.setflags(write=False)
-    return values
+    return values, dict(zip(issue.grid(), values.tolist(), strict=True))  # the table is internal, never mutated
 
 
-@lru_cache(maxsize=4096)
 def _grid_table(fn: ValueFunction, issue: Issue) -> dict[Value, float]:
-    """{grid value: fn's value there}; internal and never mutated."""
-    return dict(zip(issue.grid(), _grid_values(fn, issue).tolist(), strict=True))
+    return _on_grid(fn, issue)[3]
 
 
 @compact_pickling

@@ -84,13 +84,6 @@ def cheapest_at_least(space: OutcomeSpace, target: float, rv: float) -> Index:
     return space.best_index if idx is None else idx
 
 
-def cheapest_at_least_many(space: OutcomeSpace, targets: list[float], rv: float) -> list[Index]:
-    """:func:`cheapest_at_least` of each target, in one vectorised query."""
-    floor = rv + EPS
-    found = space.at_least_many([max(target - EPS, floor) for target in targets])
-    return [space.best_index if idx is None else idx for idx in found]
-
-
 def concession_target(space: OutcomeSpace, lo: float, t: float, e: float) -> float:
     """The time-dependent target u(t) = best - (best - lo) * t ** (1 / e) between the best own utility and ``lo``
     (``e < 1`` concedes late, ``e > 1`` early)."""
@@ -112,7 +105,7 @@ def acceptable(obs: Observation, threshold: float, space: OutcomeSpace) -> bool:
 
 
 def offer_action(space: OutcomeSpace, index: Index) -> Action:
-    return Action(ActionKind.OFFER, space.offer(index))
+    return space.offer_action(index)
 
 
 ACCEPT = Action(ActionKind.ACCEPT)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from nego.market.types import Offer
+from nego.market.types import Action, ActionKind, Offer
 from nego.scenarios.issues import Issue, IssueKind, Value
 from nego.scenarios.preferences import Preferences
 
@@ -74,6 +74,15 @@ class _Layout:
             for group in (self.left, self.right)
         )
         self.offers: dict[Index, Offer] = {}
+        self.actions: dict[Index, Action] = {}
+
+    def offer_action(self, index: Index) -> Action:
+        action = self.actions.get(index)
+        if action is None:
+            if len(self.actions) >= self.MAX_OFFERS:
+                self.actions.clear()
+            action = self.actions[index] = Action(ActionKind.OFFER, self.offer(index))
+        return action
 
     def offer(self, index: Index) -> Offer:
         offer = self.offers.get(index)
@@ -158,6 +167,10 @@ class OutcomeSpace:
             offer = self._offers[index] = self._layout.offer(index)
         return offer
 
+    def offer_action(self, index: Index) -> Action:
+        """An action offering the outcome at ``index`` (with no message), shared like the offer it holds."""
+        return self._layout.offer_action(index)
+
     def utility_of(self, offer: Mapping[str, Value]) -> float:
         """Own utility of any complete offer; bit-for-bit equal to ``Preferences.utility`` (its scorer: same terms,
         same order)."""
@@ -166,7 +179,7 @@ class OutcomeSpace:
         seen = self._seen.get(id(offer))
         if seen is not None:
             return seen[1]
-        u = self._score(offer)
+        u = self._score(offer.as_mapping())
         self._seen[id(offer)] = (offer, u)  # keeps the offer alive, so its id is not reused meanwhile
         return u
 
@@ -190,8 +203,9 @@ class OutcomeSpace:
 
     def at_least_many(self, targets: Sequence[float]) -> list[Index | None]:
         """:meth:`at_least` of each target, in one vectorised pass: the same answers, element by element."""
-        j = self._bs.searchsorted(np.asarray(targets, dtype=float)[:, None] - self._a)
-        tot = self._a + self._bs_inf[j]
+        j = self._bs.searchsorted(np.subtract.outer(np.array(targets, dtype=float), self._a))
+        tot = self._bs_inf.take(j)
+        tot += self._a  # the same sums as a + b (addition commutes exactly)
         best = tot.argmin(axis=1)
         rows = np.arange(len(best))
         found = (tot[rows, best] != np.inf).tolist()

@@ -32,11 +32,11 @@ from nego.market.types import Action, Observation
 
 from .base import (
     ACCEPT,
+    EPS,
     WALK_AWAY,
     Clock,
     RuleNegotiator,
     acceptable,
-    cheapest_at_least_many,
     concession_target,
     offer_action,
 )
@@ -74,7 +74,7 @@ class TimeDependent(RuleNegotiator):
         self.patience = patience
         self.step = step
         self._last: float | None = None  # own utility of its previous offer in this negotiation
-        self._plan: dict[int, tuple[float, float, Index]] = {}  # round -> (time, target, offer), without step
+        self._plan: dict[int, tuple[float, bool, Index]] = {}  # round -> (accept bar, walks, offer), without step
 
     def start(self, obs: Observation) -> None:
         self._last = None
@@ -91,16 +91,22 @@ class TimeDependent(RuleNegotiator):
         return concession_target(space, max(floor, space.worst), t, self.e)
 
     async def act(self, obs: Observation) -> Action:
-        space = self.space(obs)
-        floor = self.floor(obs)
-        if self.hopeless(space, floor):
-            return WALK_AWAY
-        if not self.step:
-            planned = self._plan.get(obs.round) or self._plan_from(obs, space, floor)
-            t, target, index = planned
-            if acceptable(obs, max(target, floor), space):
-                return ACCEPT
-            return WALK_AWAY if t > self.patience else offer_action(space, index)
+        planned = self._plan.get(obs.round) if obs.scenario is self._view else None
+        if planned is None:
+            space = self.space(obs)
+            floor = self.floor(obs)
+            if self.hopeless(space, floor):
+                return WALK_AWAY
+            if self.step:
+                return self._act_stepping(obs, space, floor)
+            planned = self._plan_from(obs, space, floor)
+        bar, walk, index = planned
+        standing = obs.standing_offer
+        if standing is not None and self._space.utility_of(standing) >= bar:  # what ``acceptable`` decides
+            return ACCEPT
+        return WALK_AWAY if walk else offer_action(self._space, index)
+
+    def _act_stepping(self, obs: Observation, space: OutcomeSpace, floor: float) -> Action:
         t = self.clock.time(obs)
         target = self._target(space, floor, t)
         if self._last is not None:
@@ -113,13 +119,21 @@ class TimeDependent(RuleNegotiator):
         self._last = space.utility(index)
         return offer_action(space, index)
 
-    def _plan_from(self, obs: Observation, space: OutcomeSpace, floor: float) -> tuple[float, float, Index]:
-        """Plan this round and up to ``PLAN_ROUNDS - 1`` after it: the same times, targets and offers as working
-        each out on its turn."""
+    def _plan_from(self, obs: Observation, space: OutcomeSpace, floor: float) -> tuple[float, bool, Index]:
+        """Plan this round and up to ``PLAN_ROUNDS - 1`` after it, each as (the least own utility it accepts, whether
+        it walks away instead of offering, the offer it makes): the same decisions as working each out on its turn."""
         n = obs.scenario.max_rounds
         rounds = range(obs.round, max(obs.round, min(n, obs.round + PLAN_ROUNDS - 1)) + 1)
-        times = [self.clock.at(r, n) for r in rounds]
-        targets = [self._target(space, floor, t) for t in times]
-        offers = cheapest_at_least_many(space, targets, floor)
-        self._plan.update(zip(rounds, zip(times, targets, offers, strict=True), strict=True))
+        at, patience, rv = self.clock.at, self.patience, obs.scenario.preferences.reservation
+        # concession_target and cheapest_at_least, term for term
+        best, inverse = space.best, 1.0 / self.e
+        span = best - max(floor, space.worst)
+        times = [at(r, n) for r in rounds]
+        targets = [best - span * t**inverse for t in times]
+        low = floor + EPS
+        found = space.at_least_many([max(target - EPS, low) for target in targets])
+        self._plan.update(
+            (r, (max(target, floor, rv), t > patience, space.best_index if index is None else index))
+            for r, t, target, index in zip(rounds, times, targets, found, strict=True)
+        )
         return self._plan[obs.round]
