@@ -123,45 +123,40 @@ async def run_negotiation(
     """
     cfg = config or ProtocolConfig()
     game = _Game(scenario, seed, on_turn, cfg.max_message_chars)
-    agents = {Role.SELLER: seller, Role.BUYER: buyer}
-    order = (scenario.opener, scenario.opener.other)
+    sides = ((scenario.opener, seller if scenario.opener is Role.SELLER else buyer),)
+    sides += ((scenario.opener.other, buyer if scenario.opener is Role.SELLER else seller),)
+    attempts = range(cfg.max_retries + 1)
+    timeout = cfg.turn_timeout_s
     for rnd in range(1, scenario.max_rounds + 1):
-        for role in order:
-            ended = await _turn(game, agents[role], role, rnd, cfg)
-            if ended is not None:
-                return ended
-    return game.result(EndReason.DEADLINE, scenario.max_rounds, None)
-
-
-async def _turn(game: _Game, agent: Negotiator, role: Role, rnd: int, cfg: ProtocolConfig) -> NegotiationResult | None:
-    """One side's turn: up to ``1 + max_retries`` attempts. Returns the result if the negotiation ended."""
-    feedback: str | None = None
-    view = game.views[role]
-    for attempt in range(cfg.max_retries + 1):
-        # game.observation, inlined: this runs on every turn
-        standing = game.standing if game.standing_by is not role else None
-        obs = Observation(view, tuple(game.history), rnd, standing, feedback, attempt)
-        try:
-            if cfg.turn_timeout_s is None:
-                action = await agent.act(obs)
+        for role, agent in sides:
+            # one side's turn: up to 1 + max_retries attempts (inlined: this loop is the protocol's hot path)
+            feedback: str | None = None
+            view = game.views[role]
+            for attempt in attempts:
+                standing = game.standing if game.standing_by is not role else None
+                obs = Observation(view, tuple(game.history), rnd, standing, feedback, attempt)
+                try:
+                    if timeout is None:
+                        action = await agent.act(obs)
+                    else:
+                        action = await asyncio.wait_for(agent.act(obs), timeout)
+                except TimeoutError:
+                    return game.result(EndReason.ERROR, rnd, role, error=f"{role} did not act within {timeout} s")
+                except Exception as e:  # a failing backend ends this negotiation, never the market
+                    return game.result(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
+                feedback, action = judge(game.scenario, action, game.standing, game.standing_by, role)
+                game.record(rnd, role, attempt, action, feedback)
+                if feedback is not None:
+                    continue
+                if action.kind is ActionKind.ACCEPT:
+                    return game.result(EndReason.AGREEMENT, rnd, role, agreement=game.standing)
+                if action.kind is ActionKind.WALK_AWAY:
+                    return game.result(EndReason.WALK_AWAY, rnd, role)
+                game.standing, game.standing_by = action.offer, role
+                break
             else:
-                action = await asyncio.wait_for(agent.act(obs), cfg.turn_timeout_s)
-        except TimeoutError:
-            return game.result(EndReason.ERROR, rnd, role, error=f"{role} did not act within {cfg.turn_timeout_s} s")
-        except Exception as e:  # a failing backend ends this negotiation, never the market
-            return game.result(EndReason.ERROR, rnd, role, error=f"{role}: {type(e).__name__}: {e}")
-        feedback, action = judge(game.scenario, action, game.standing, game.standing_by, role)
-        game.record(rnd, role, attempt, action, feedback)
-        if feedback is not None:
-            continue
-        if action.kind is ActionKind.ACCEPT:
-            return game.result(EndReason.AGREEMENT, rnd, role, agreement=game.standing)
-        if action.kind is ActionKind.WALK_AWAY:
-            return game.result(EndReason.WALK_AWAY, rnd, role)
-        game.standing, game.standing_by = action.offer, role
-        return None
-    game.forfeits[role] += 1
-    return None
+                game.forfeits[role] += 1
+    return game.result(EndReason.DEADLINE, scenario.max_rounds, None)
 
 
 class _Game:
@@ -188,10 +183,6 @@ class _Game:
         self.forfeits = {Role.SELLER: 0, Role.BUYER: 0}
         self.usage = {Role.SELLER: Usage(), Role.BUYER: Usage()}
         self._scores: dict[int, tuple[Offer, float, float]] = {}
-
-    def observation(self, role: Role, rnd: int, attempt: int, feedback: str | None) -> Observation:
-        standing = self.standing if self.standing_by is not role else None
-        return Observation(self.views[role], tuple(self.history), rnd, standing, feedback, attempt)
 
     def record(self, rnd: int, role: Role, attempt: int, action: Action, feedback: str | None) -> None:
         """Record an attempted move; a valid one also joins the public history."""
