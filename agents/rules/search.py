@@ -106,12 +106,12 @@ _MAX_LAYOUTS = 64
 
 def _layout(issues: tuple[Issue, ...]) -> _Layout:
     """The layout of this issues tuple, kept by the tuple's identity (the layout holds the tuple, so its id is not
-    reused meanwhile); the oldest layouts make room for new ones."""
+    reused meanwhile); a full table starts again (one atomic clear: safe beside other threads)."""
     layout = _LAYOUTS.get(id(issues))
     if layout is not None and layout.issues is issues:
         return layout
-    while len(_LAYOUTS) >= _MAX_LAYOUTS:
-        del _LAYOUTS[next(iter(_LAYOUTS))]
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
     layout = _LAYOUTS[id(issues)] = _Layout(issues)
     return layout
 
