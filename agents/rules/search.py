@@ -59,8 +59,9 @@ class _Layout:
     """What every outcome space over one issues tuple shares: the grids, the split into two groups, how a flat
     index decodes into values, and the offers decoded so far (an index names the same outcome in all of them)."""
 
-    MAX_OFFERS = 1 << 16
-    """Decoded offers kept; past it the table starts again."""
+    MAX_OFFERS = 1 << 14
+    """Decoded offers (and offer actions) kept; past it the table starts again. With ``_MAX_LAYOUTS`` this bounds
+    what the tables hold to a few hundred thousand small objects, whatever a long market plays."""
 
     def __init__(self, issues: tuple[Issue, ...]) -> None:
         self.issues = issues
@@ -101,7 +102,7 @@ class _Layout:
 
 
 _LAYOUTS: dict[int, _Layout] = {}
-_MAX_LAYOUTS = 64
+_MAX_LAYOUTS = 16
 
 
 def _layout(issues: tuple[Issue, ...]) -> _Layout:

@@ -129,3 +129,17 @@ def test_spaces_over_one_issues_tuple_share_their_offers():
     assert tuple(list(first.issues)) is not first.issues
     copy = OutcomeSpace(tuple(list(first.issues)), other)
     assert copy.offer(index) == first.offer(index) and copy.offer(index) is not first.offer(index)
+
+
+def test_a_full_offer_table_starts_again_and_each_space_keeps_its_offers(monkeypatch):
+    from nego.agents.rules import search
+
+    monkeypatch.setattr(search._Layout, "MAX_OFFERS", 2)
+    space, outcomes, _utils = space_for(11, 3)
+    indices = [(i, j) for i in range(len(space._a)) for j in range(len(space._b))][:6]
+    first = [space.offer(index) for index in indices]
+    assert len(space._layout.offers) <= 2
+    assert [space.offer(index) for index in indices] == first  # the space still hands out the same objects
+    assert all(space.offer(index) is offer for index, offer in zip(indices, first, strict=True))
+    assert all(dict(offer) in outcomes for offer in first)
+    assert [space.offer_action(index).offer for index in indices] == first
