@@ -17,7 +17,7 @@ With ``k = slack = 0`` and ``opening = 1`` it plays as the teacher. Run from the
 
 from __future__ import annotations
 
-from nego.agents.rules.base import ACCEPT, WALK_AWAY, acceptable, offer_action, opponent_offers
+from nego.agents.rules.base import ACCEPT, WALK_AWAY, acceptable, opponent_offers
 from nego.agents.rules.timedep import TimeDependent
 from nego.market.types import Action, Observation
 
@@ -61,7 +61,7 @@ class TeacherVariant(TimeDependent):
             return ACCEPT
         index = self.offer_at_least(space, target, rv)
         self._last = space.utility(index)
-        return offer_action(space, index)
+        return space.offer_action(index)
 
 
 def seller(role: str, seed: int, **params: str) -> TeacherVariant:

@@ -194,7 +194,7 @@ class _Game:
             us = ub = None
         else:
             hit = self._scores.get(id(offer))
-            us, ub = (hit[1], hit[2]) if hit is not None else self.scores(offer)
+            us, ub = (hit[1], hit[2]) if hit is not None else self._score(offer)  # scores(), inlined
         turn = Turn(len(self.turns), rnd, role, attempt, action, valid, feedback, us, ub)
         self.turns.append(turn)
         if self.on_turn is not None:
@@ -211,8 +211,10 @@ class _Game:
         """(seller utility, buyer utility) of ``offer``, computed once per offer object in this negotiation (the
         cache keeps each offer alive, so its id is not reused meanwhile)."""
         hit = self._scores.get(id(offer))
-        if hit is not None:
-            return hit[1], hit[2]
+        return (hit[1], hit[2]) if hit is not None else self._score(offer)
+
+    def _score(self, offer: Offer) -> tuple[float, float]:
+        """Both utilities of an offer not scored yet in this negotiation, remembered for the next time."""
         us, ub = self.utilities(offer.as_mapping() if type(offer) is Offer else offer)
         self._scores[id(offer)] = (offer, us, ub)
         return us, ub

@@ -104,9 +104,5 @@ def acceptable(obs: Observation, threshold: float, space: OutcomeSpace) -> bool:
     return space.utility_of(offer) >= max(threshold, obs.scenario.preferences.reservation)
 
 
-def offer_action(space: OutcomeSpace, index: Index) -> Action:
-    return space.offer_action(index)
-
-
 ACCEPT = Action(ActionKind.ACCEPT)
 WALK_AWAY = Action(ActionKind.WALK_AWAY)

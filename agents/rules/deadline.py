@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target
 
 
 class Deadline(RuleNegotiator):
@@ -48,4 +48,4 @@ class Deadline(RuleNegotiator):
             return ACCEPT
         if t >= self.deadline:
             return WALK_AWAY
-        return offer_action(space, self.offer_at_least(space, target, rv))
+        return space.offer_action(self.offer_at_least(space, target, rv))

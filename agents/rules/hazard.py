@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target
 from .concession import OpponentOffers
 
 
@@ -72,4 +72,4 @@ class Hazard(RuleNegotiator):
             self.pace = step if self.pace is None else self.memory * self.pace + (1.0 - self.memory) * step
         if self._draws[min(obs.round, len(self._draws)) - 1] < self.hazard(t):
             return WALK_AWAY
-        return offer_action(space, self.offer_at_least(space, target, rv))
+        return space.offer_action(self.offer_at_least(space, target, rv))

@@ -17,7 +17,6 @@ from .base import (
     RuleNegotiator,
     acceptable,
     concession_target,
-    offer_action,
     opponent_offers,
 )
 from .search import OutcomeSpace
@@ -68,7 +67,7 @@ class Walker(RuleNegotiator):
             return ACCEPT
         if t >= self.patience or self.stalled(obs):
             return WALK_AWAY
-        return offer_action(space, self.offer_at_least(space, target, rv))
+        return space.offer_action(self.offer_at_least(space, target, rv))
 
 
 class _FrequencyModel:
@@ -130,12 +129,12 @@ class Picky(RuleNegotiator):
         for offer in theirs[model.n :]:
             model.update(offer)
         if model.n == 0:
-            return offer_action(space, self.offer_at_least(space, target, floor))
+            return space.offer_action(self.offer_at_least(space, target, floor))
         cand = space.candidates(max(target, floor) + EPS)
         if cand.left.size == 0:
-            return offer_action(space, space.best_index)
+            return space.offer_action(space.best_index)
         near = cand.utility <= cand.utility.min() + self.window
         opp_left, opp_right = space.group_sums(model.contributions())
         score = np.where(near, opp_left[cand.left] + opp_right[cand.right], -np.inf)
         k = int(np.argmax(score))
-        return offer_action(space, (int(cand.left[k]), int(cand.right[k])))
+        return space.offer_action((int(cand.left[k]), int(cand.right[k])))

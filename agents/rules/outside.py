@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target, offer_action
+from .base import ACCEPT, WALK_AWAY, Clock, RuleNegotiator, acceptable, concession_target
 from .concession import OpponentOffers, weighted_trend
 
 
@@ -74,4 +74,4 @@ class OutsideOption(RuleNegotiator):
         if len(self._offers.utilities) >= self.min_offers and self.forecast(obs) < self.outside:
             return WALK_AWAY
         target = concession_target(space, self.outside, Clock.OWN.time(obs), self.e)
-        return offer_action(space, self.offer_at_least(space, target, rv))
+        return space.offer_action(self.offer_at_least(space, target, rv))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, EPS, WALK_AWAY, RuleNegotiator, acceptable, offer_action
+from .base import ACCEPT, EPS, WALK_AWAY, RuleNegotiator, acceptable
 from .concession import OpponentOffers
 
 
@@ -63,4 +63,4 @@ class Reciprocal(RuleNegotiator):
         index = self.offer_at_least(space, self._target, rv)
         if acceptable(obs, space.utility(index) - EPS, space):
             return ACCEPT
-        return offer_action(space, index)
+        return space.offer_action(index)

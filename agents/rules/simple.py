@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, RuleNegotiator, acceptable, offer_action
+from .base import ACCEPT, WALK_AWAY, RuleNegotiator, acceptable
 
 
 class Hardliner(RuleNegotiator):
@@ -23,7 +23,7 @@ class Hardliner(RuleNegotiator):
             return WALK_AWAY
         if acceptable(obs, self.accept * space.best, space):
             return ACCEPT
-        return offer_action(space, space.best_index)
+        return space.offer_action(space.best_index)
 
 
 class RandomValid(RuleNegotiator):
@@ -40,4 +40,4 @@ class RandomValid(RuleNegotiator):
             return WALK_AWAY
         if acceptable(obs, space.utility(idx), space):
             return ACCEPT
-        return offer_action(space, idx)
+        return space.offer_action(idx)

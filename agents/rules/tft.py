@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nego.market.types import Action, Observation
 
-from .base import ACCEPT, WALK_AWAY, RuleNegotiator, acceptable, offer_action, opponent_offers
+from .base import ACCEPT, WALK_AWAY, RuleNegotiator, acceptable, opponent_offers
 
 
 class TitForTat(RuleNegotiator):
@@ -39,4 +39,4 @@ class TitForTat(RuleNegotiator):
         self._seen = len(theirs)
         if acceptable(obs, rv if obs.is_last_turn else self._target, space):
             return ACCEPT
-        return offer_action(space, self.offer_at_least(space, self._target, rv))
+        return space.offer_action(self.offer_at_least(space, self._target, rv))

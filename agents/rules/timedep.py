@@ -38,7 +38,6 @@ from .base import (
     RuleNegotiator,
     acceptable,
     concession_target,
-    offer_action,
 )
 from .search import Index, OutcomeSpace
 
@@ -104,7 +103,7 @@ class TimeDependent(RuleNegotiator):
         standing = obs.standing_offer
         if standing is not None and self._space.utility_of(standing) >= bar:  # what ``acceptable`` decides
             return ACCEPT
-        return WALK_AWAY if walk else offer_action(self._space, index)
+        return WALK_AWAY if walk else self._space.offer_action(index)
 
     def _act_stepping(self, obs: Observation, space: OutcomeSpace, floor: float) -> Action:
         t = self.clock.time(obs)
@@ -117,7 +116,7 @@ class TimeDependent(RuleNegotiator):
             return WALK_AWAY
         index = self.offer_at_least(space, target, floor)
         self._last = space.utility(index)
-        return offer_action(space, index)
+        return space.offer_action(index)
 
     def _plan_from(self, obs: Observation, space: OutcomeSpace, floor: float) -> tuple[float, bool, Index]:
         """Plan this round and up to ``PLAN_ROUNDS - 1`` after it, each as (the least own utility it accepts, whether
