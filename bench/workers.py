@@ -10,6 +10,11 @@ workers, the CPU time other processes took from the machine meanwhile, and the l
 counts the run's own processes): on a shared machine other jobs take cores too. It checks that both arms wrote
 the same transcripts (timing columns aside).
 
+A third arm gives the bound the two-worker run is read against: two single-process runs started together, each with
+half the pairs a day, so the same number of negotiations with nothing shared (``--no-bound`` leaves it out). Its
+ratio to one process is what the machine's cores give to this work split in two; the two-worker ratio can come close
+to it only as far as splitting one run costs nothing.
+
     python bench/workers.py                           # 12 days x 1000 pairs, 3 runs per arm
     python bench/workers.py --scenarios builtin       # the builtin scenario list instead of generated ones
     python bench/workers.py --runs 5 --days 4
@@ -90,6 +95,37 @@ def child(args: argparse.Namespace, workers: int, out: Path) -> dict:
     return run | {"load_before": before, "load_after": os.getloadavg()[0], "others_cpu_s": max(0.0, others)}
 
 
+def pair(args: argparse.Namespace, out: Path) -> dict:
+    """The bound: two single-process runs at once, each with half the pairs a day (the same number of negotiations
+    in all, nothing shared between them): what the machine's cores give to work split in two."""
+    half = argparse.Namespace(**{**vars(args), "negotiations": args.negotiations // 2})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    before, busy = os.getloadavg()[0], busy_s()
+    procs = []
+    for k in range(2):
+        cmd = [sys.executable, __file__, "--child", "1", "--days", str(half.days)]
+        cmd += ["--negotiations", str(half.negotiations), "--out", str(out / f"half{k}")]
+        cmd += ["--scenarios", args.scenarios] if args.scenarios else []
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
+    runs = []
+    for proc in procs:
+        stdout, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"a half run failed (exit {proc.returncode})")
+        runs.append(json.loads(stdout.strip().splitlines()[-1]))
+    cpu = sum(r["process_cpu_s"] for r in runs)
+    return {
+        "workers": "1+1",
+        "negotiations": sum(r["negotiations"] for r in runs),
+        "wall_s": max(r["wall_s"] for r in runs),  # they start together: the later end is the pair's
+        "parent_cpu_s": sum(r["parent_cpu_s"] for r in runs),
+        "workers_cpu_s": 0.0,
+        "others_cpu_s": max(0.0, busy_s() - busy - cpu),
+        "load_before": before,
+        "load_after": os.getloadavg()[0],
+    }
+
+
 def busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores, every process) since it booted."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -121,12 +157,20 @@ def report(args: argparse.Namespace, runs: list[dict], same: bool) -> None:
             f"{i + 1:>3} {r['workers']:>7} {r['negotiations']:>12} {r['wall_s']:>8.2f} {rate:>8.0f}"
             f" {r['parent_cpu_s']:>12.2f} {r['workers_cpu_s']:>13.2f} {r['others_cpu_s']:>12.2f} {load:>11}"
         )
-    rates = {w: [r["negotiations"] / r["wall_s"] for r in runs if r["workers"] == w] for w in (1, 2)}
+    arms = sorted({r["workers"] for r in runs}, key=str)
+    rates = {w: [r["negotiations"] / r["wall_s"] for r in runs if r["workers"] == w] for w in arms}
     for w, values in rates.items():
         print(f"workers {w}: best {max(values):.0f} neg/s, median {statistics.median(values):.0f} neg/s")
     best = max(rates[2]) / max(rates[1])
     median = statistics.median(rates[2]) / statistics.median(rates[1])
     print(f"ratio 2 workers / 1: best {best:.2f}x, median {median:.2f}x")
+    if "1+1" in rates:
+        best = max(rates["1+1"]) / max(rates[1])
+        median = statistics.median(rates["1+1"]) / statistics.median(rates[1])
+        print(
+            f"bound, two independent half runs at once / 1: best {best:.2f}x, median {median:.2f}x (what this "
+            "machine gives to the same work split in two with nothing shared)"
+        )
     cpu = {
         w: statistics.median(r["parent_cpu_s"] + r["workers_cpu_s"] for r in runs if r["workers"] == w) for w in (1, 2)
     }
@@ -143,6 +187,9 @@ def main() -> None:
     parser.add_argument("--negotiations", type=int, default=1000, help="pairs a day")
     parser.add_argument("--scenarios", default=None, help="as nego simulate --scenarios (default: generated)")
     parser.add_argument("--runs", type=int, default=3, help="runs per arm")
+    parser.add_argument(
+        "--no-bound", dest="bound", action="store_false", help="leave out the arm of two independent half runs"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -152,8 +199,10 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
-            for workers in (1, 2) if i % 2 == 0 else (2, 1):  # alternating, so drifting load hits both arms
-                runs.append(child(args, workers, Path(tmp) / f"run{i}-w{workers}"))
+            arms: tuple[int | str, ...] = (1, 2, "1+1") if args.bound else (1, 2)
+            for workers in arms if i % 2 == 0 else arms[::-1]:  # alternating, so drifting load hits every arm
+                out = Path(tmp) / f"run{i}-w{workers}"
+                runs.append(pair(args, out) if workers == "1+1" else child(args, workers, out))
         same = same_transcripts(Path(tmp) / "run0-w1", Path(tmp) / "run0-w2")
     report(args, runs, same)
 
