@@ -1,18 +1,21 @@
 """What a negotiation's trip through a worker process costs, against generating its scenario and playing it.
 
-With ``--workers N`` a generated scenario is made in a worker, sent to the parent, sent back inside its job, and the
-result comes back packed (``nego.market.packing``). This plays N negotiations (generated scenarios, a Boulware seller
-against a Conceder buyer, rule-based) and times, arms in turns, best of ``--repeat`` (CPU time of this process):
+With ``--workers N`` a result comes back packed (``nego.market.packing``). A generated scenario of a simulation is
+made by the worker that plays it (a ``Draft``) and comes to the parent once, with the result; a job that carries its
+scenario (a scenario list, an evaluation) sends it from the parent to the worker. This plays N negotiations
+(generated scenarios, a Boulware seller against a Conceder buyer, rule-based) and times, arms in turns, best of
+``--repeat`` (CPU time of this process):
 
 - generate: making the N scenarios (``generate_scenario``); play: ``Marketplace.run`` of the N jobs;
-- scenario there and back: pickling and unpickling each scenario twice (worker -> parent, then in its job back);
+- a draft's scenario: pickling and unpickling each scenario once (worker -> parent);
+- a job's scenario, as before drafts: each scenario worker -> parent, then inside its job back to a worker;
 - result: ``pack_result`` and ``pickle.dumps`` (the worker's side), ``pickle.loads`` and ``unpack_result`` (the
   parent's side).
 
 The pickling arms run with the cyclic collector paused, as the pool's own pickling does (``nego.market.workers``);
 play paces it as every market run does.
 
-Printed per negotiation, and the round trip as a share of generate + play.
+Printed per negotiation, and each trip (a draft's, a job's) as a share of generate + play.
 
     python bench/worker_roundtrip.py -n 2000 --repeat 5
 """
@@ -56,7 +59,8 @@ def main() -> None:
     arms: dict[str, Callable[[], object]] = {
         "generate": lambda: [generate_scenario(i) for i in range(args.n)],
         "play": lambda: asyncio.run(Marketplace(factories).run(jobs)),
-        "scenario there and back": scenario_trip,
+        "a draft's scenario": lambda: pickle.loads(pickle.dumps(scenarios, protocol=PROTOCOL)),
+        "a job's scenario": scenario_trip,
         "result: pack + dumps": lambda: pickle.dumps([pack_result(r) for r in results], protocol=PROTOCOL),
         "result: loads + unpack": lambda: [unpack_result(p) for p in pickle.loads(blob)],
     }
@@ -74,8 +78,11 @@ def main() -> None:
     print(f"{args.n} negotiations ({turns:.1f} turns each), best of {args.repeat}, CPU us per negotiation")
     for name, seconds in best.items():
         print(f"{name:<26}{seconds / args.n * 1e6:8.1f}")
-    trip = sum(best[k] for k in arms if k not in ("generate", "play"))
-    print(f"round trip / (generate + play): {trip / (best['generate'] + best['play']):.3f}")
+    result = best["result: pack + dumps"] + best["result: loads + unpack"]
+    work = best["generate"] + best["play"]
+    for kind in ("draft", "job"):
+        trip = result + best[f"a {kind}'s scenario"]
+        print(f"a {kind}'s trip / (generate + play): {trip / work:.3f} ({trip / args.n * 1e6:.1f} us)")
 
 
 if __name__ == "__main__":

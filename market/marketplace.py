@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -30,8 +31,10 @@ from .protocol import Negotiator, ProtocolConfig, run_negotiation
 from .types import ActionKind, EndReason, NegotiationResult, Outcome, Turn
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from .transcripts import TranscriptWriter
-    from .workers import Finished, WorkerPool
+    from .workers import Chunk, Finished, WorkerPool
 
 
 @runtime_checkable
@@ -105,6 +108,24 @@ class Job:
             object.__setattr__(
                 self, "negotiation_id", make_negotiation_id(self.scenario, self.seller, self.buyer, self.seed)
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A :class:`Job` whose scenario is still to be made: draw ``draw`` of a generating source (see
+    :meth:`Marketplace.play_drafts`), and the rest of the job."""
+
+    draw: int
+    seller: str
+    buyer: str
+    seed: int
+    run_id: str = ""
+    day: int | None = None
+    pair: int | None = None
+
+    def job(self, scenario: Scenario) -> Job:
+        """The job this draft becomes with its scenario (the same job, and id, as one made directly)."""
+        return Job(scenario, self.seller, self.buyer, self.seed, run_id=self.run_id, day=self.day, pair=self.pair)
 
 
 def child_seeds(seed: int) -> tuple[int, int]:
@@ -234,8 +255,64 @@ class Marketplace:
         finally:
             if self.writer is not None:
                 self.writer.flush()
-        if counts.skipped and writer is not None:
-            played = self._read_back(jobs, played, writer)
+        return self._wrap_up(jobs, played, counts)
+
+    async def play_drafts(self, source: Callable[[int], Scenario] | None, drafts: Sequence[Draft]) -> list[Played]:
+        """:meth:`play` of the jobs ``drafts`` become with their scenarios, ``source(draft.draw)`` (None: the scenario
+        generator), each checked to be tradeable. With a worker pool each scenario is made by the worker that plays
+        it and comes to this process once, with the result (made here and sent, it would cross three times); the
+        jobs, their ids, attempts, transcripts and events are those :meth:`play` gives."""
+        from .workers import check_workers_can_play, picklable, run_map, tradeable_scenario
+
+        make = partial(tradeable_scenario, source)
+        if self.pool is None or not picklable(make):
+            scenarios = run_map(make, [d.draw for d in drafts], self.pool)
+            return await self.play([d.job(sc) for d, sc in zip(drafts, scenarios, strict=True)])
+        factories = [self.factory(spec) for spec in {s for d in drafts for s in (d.seller, d.buyer)}]
+        check_workers_can_play(factories)
+        counts = _Counts()
+        jobs: list[Job | None] = [None] * len(drafts)
+        played: list[Played | None] = [None] * len(drafts)
+        waiting = any(f.kind != "rule" for f in factories)
+        try:
+            with paced_collection():
+                sent = self.pool.play_drafts(
+                    source, drafts, self.protocol, self.concurrency, self.per_kind, waiting=waiting
+                )
+                await self._take_drafted(sent, drafts, jobs, played, counts)
+        finally:
+            if self.writer is not None:
+                self.writer.flush()
+        return self._wrap_up(jobs, played, counts)  # type: ignore[arg-type]
+
+    async def _take_drafted(
+        self,
+        sent: Sequence[tuple[Chunk, Future[bytes]]],
+        drafts: Sequence[Draft],
+        jobs: list[Job | None],
+        played: list[Played | None],
+        counts: _Counts,
+    ) -> None:
+        """Fill ``jobs`` and ``played`` as the drafted chunks ``sent`` come back: each job made from its scenario, then
+        numbered, written and published as :meth:`play` would (a job complete in the transcripts already is left to
+        be read back)."""
+        from .workers import drafted
+
+        writer, ids = self.writer, set()
+        async with aclosing(_arrivals(sent, drafted)) as arrivals:
+            async for k, (scenario, one) in arrivals:
+                job = jobs[k] = drafts[k].job(scenario)
+                if job.negotiation_id in ids:
+                    raise ValueError(f"duplicate negotiation id {job.negotiation_id!r}: two drafts made one job")
+                ids.add(job.negotiation_id)
+                attempt = self._attempt(job, writer, counts) if writer is not None else 0
+                if attempt is not None:
+                    played[k] = self._finish(job, attempt, one, counts)
+
+    def _wrap_up(self, jobs: Sequence[Job], played: list[Played | None], counts: _Counts) -> list[Played]:
+        """The jobs' records in job order, those skipped as complete read back; the run's end published."""
+        if counts.skipped and self.writer is not None:
+            played = self._read_back(jobs, played, self.writer)  # type: ignore[assignment]
         if self.bus is not None and self.bus.active:
             wall = time.perf_counter() - counts.started
             self.bus.publish(RunFinished(len(jobs), counts.ran, counts.skipped, counts.errors, wall))
@@ -276,18 +353,10 @@ class Marketplace:
             self.factory(s).kind != "rule" for s in {s for i in todo for s in (jobs[i].seller, jobs[i].buyer)}
         )
         sent = pool.play([jobs[i] for i in todo], self.protocol, self.concurrency, self.per_kind, waiting=waiting)
-        pending = {asyncio.wrap_future(future): chunk for chunk, future in sent}
-        try:
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: pending[f].start):
-                    chunk = pending.pop(future)
-                    for k, one in enumerate(finished(future.result()), start=chunk.start):
-                        i = todo[k]
-                        played[i] = self._finish(jobs[i], attempts[i], one, counts)  # type: ignore[arg-type]
-        finally:
-            for future in pending:  # a chunk failed (or the run was interrupted): what is not started never will be
-                future.cancel()
+        async with aclosing(_arrivals(sent, finished)) as arrivals:
+            async for k, one in arrivals:
+                i = todo[k]
+                played[i] = self._finish(jobs[i], attempts[i], one, counts)  # type: ignore[arg-type]
         return played
 
     def _finish(self, job: Job, attempt: int, finished: Finished, counts: _Counts) -> Played:
@@ -377,6 +446,25 @@ class Marketplace:
         if self.scorer is None:
             return played
         return replace(played, reward=self.scorer(played.job, played.result))
+
+
+async def _arrivals(
+    sent: Sequence[tuple[Chunk, Future[bytes]]], decode: Callable[[bytes], list[Any]]
+) -> AsyncIterator[tuple[int, Any]]:
+    """(index in the batch, what the worker sent for it, decoded) for every item of the chunks ``sent``, as the chunks
+    come back (those done at once in batch order). A chunk that failed raises here; closed early (use
+    ``contextlib.aclosing``), the chunks not started by then never will be."""
+    pending = {asyncio.wrap_future(future): chunk for chunk, future in sent}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: pending[f].start):
+                chunk = pending.pop(future)
+                for k, item in enumerate(decode(future.result()), start=chunk.start):
+                    yield k, item
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 def _record_of(negotiator: Negotiator, result: NegotiationResult) -> Any:

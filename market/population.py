@@ -36,7 +36,7 @@ from .day_stats import (
 )
 from .events import DayEnded, DayStarted, EventBus, LearnerUpdated
 from .learning import ROLLOUT_ARM, Learner, LearningGroup, LearnReport
-from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory, Played
+from .marketplace import Draft, FactorySource, Job, Marketplace, NegotiatorFactory, Played
 from .protocol import ProtocolConfig
 from .replay import StoredSlots, resume_learners
 from .settlement import Settlement, check_tradeable, settle
@@ -171,6 +171,12 @@ class MarketModel(mesa.Model):
         source = self._scenarios
         return int(self.rng.integers(2**31 if source is None or callable(source) else len(source)))
 
+    @property
+    def _drafting(self) -> bool:
+        """Whether the day's jobs go to the market as drafts: scenarios generated (not drawn from a list), no learner
+        (a learner's group is built from the job itself)."""
+        return (self._scenarios is None or callable(self._scenarios)) and not self.learners
+
     def _scenarios_of(self, draws: Sequence[int]) -> Iterator[Scenario]:
         """The scenarios of ``draws``, in order: taken from the list, or generated (on the workers, when there are
         any, while the first ones are made into jobs)."""
@@ -181,7 +187,8 @@ class MarketModel(mesa.Model):
 
     def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:
         """Per pair, in pair order: the jobs to play (one, or a learner's group: the market's negotiation first, then
-        its rollouts), or the outcome stored by an earlier run of the same slot."""
+        its rollouts), or the outcome stored by an earlier run of the same slot. With generated scenarios and no
+        learner, a job to play is still a :class:`Draft`: the market makes its scenario where it plays it."""
         plan: list[list[Job] | Outcome | None] = []
         slots = []  # the pairs to play: (pair, seller, buyer, seed, draw)
         for i, (s, b) in enumerate(pairs):
@@ -191,6 +198,10 @@ class MarketModel(mesa.Model):
             plan.append(stored)
             if stored is None:
                 slots.append((i, s, b, seed, draw))
+        if self._drafting:
+            for i, s, b, seed, draw in slots:
+                plan[i] = [Draft(draw, s.spec, b.spec, seed, run_id=self.run_id, day=day, pair=i)]  # type: ignore[list-item]
+            return plan  # type: ignore[return-value]
         # every draw is taken first and the scenarios made afterwards, in one batch: the same draws as one at a time
         scenarios = self._scenarios_of([draw for *_, draw in slots])
         for (i, s, b, seed, _), scenario in zip(slots, scenarios, strict=True):
@@ -222,7 +233,12 @@ class MarketModel(mesa.Model):
             self._runner = asyncio.Runner()  # one loop for the model's life: async clients keep their pools
         plan = self._plan(day, pairs)
         jobs = [j for p in plan if isinstance(p, list) for j in p]
-        played = iter(self._runner.run(self.market.play(jobs)) if jobs else ())
+        if not jobs:
+            played = iter(())
+        elif self._drafting:
+            played = iter(self._runner.run(self.market.play_drafts(self._scenarios, jobs)))  # type: ignore[arg-type]
+        else:
+            played = iter(self._runner.run(self.market.play(jobs)))
         groups: list[list[Played] | None] = [[next(played) for _ in p] if isinstance(p, list) else None for p in plan]
         outcomes = [g[0].result.outcome if g is not None else p for g, p in zip(groups, plan, strict=True)]
         self._record(day, pairs, outcomes)  # type: ignore[arg-type]

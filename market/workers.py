@@ -43,7 +43,7 @@ from .settlement import check_tradeable
 from .types import NegotiationResult
 
 if TYPE_CHECKING:
-    from .marketplace import FactorySource, Job, Marketplace, NegotiatorFactory
+    from .marketplace import Draft, FactorySource, Job, Marketplace, NegotiatorFactory, Played
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -63,10 +63,10 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Jobs ``start`` to ``start + len(jobs)`` of a batch, on their way to one worker."""
+    """Jobs (or drafts of jobs) ``start`` to ``start + len(jobs)`` of a batch, on their way to one worker."""
 
     start: int
-    jobs: tuple[Job, ...]
+    jobs: tuple[Job, ...] | tuple[Draft, ...]
 
 
 def check_workers_can_play(factories: Iterable[NegotiatorFactory]) -> None:
@@ -134,17 +134,43 @@ class WorkerPool:
 
         The caps are the market's: each worker plays under its share of them, so all workers together never
         exceed them (where a cap is at least the number of workers)."""
+        return self._send(_play_chunk, (), jobs, protocol, concurrency, per_kind, waiting)
+
+    def play_drafts(
+        self,
+        source: Callable[[int], Scenario] | None,
+        drafts: Sequence[Draft],
+        protocol: ProtocolConfig,
+        concurrency: int,
+        per_kind: Mapping[str, int],
+        *,
+        waiting: bool = False,
+    ) -> list[tuple[Chunk, Future[bytes]]]:
+        """:meth:`play` of the jobs ``drafts`` become, each worker making the scenarios of its chunk from their draws
+        (``tradeable_scenario(source, draw)``) before it plays them; read each chunk's future with :func:`drafted`."""
+        return self._send(_play_drafts_chunk, (source,), drafts, protocol, concurrency, per_kind, waiting)
+
+    def _send(
+        self,
+        fn: Callable[..., bytes],
+        head: tuple[Any, ...],
+        items: Sequence[Any],
+        protocol: ProtocolConfig,
+        concurrency: int,
+        per_kind: Mapping[str, int],
+        waiting: bool,
+    ) -> list[tuple[Chunk, Future[bytes]]]:
         share = max(1, concurrency // self.workers)
         kinds = {kind: max(1, cap // self.workers) for kind, cap in per_kind.items()}
         # a worker plays one chunk at a time: negotiations that wait go in chunks as large as its share of the cap,
         # so that as many are in flight as in one process; negotiations that compute go in a few chunks per
         # worker, so that one chunk's results are written while the next chunks are played
         spread = 1 if waiting else 8
-        size = max(1, min(share, math.ceil(len(jobs) / (self.workers * spread))))
+        size = max(1, min(share, math.ceil(len(items) / (self.workers * spread))))
         out = []
-        for start in range(0, len(jobs), size):
-            chunk = Chunk(start, tuple(jobs[start : start + size]))
-            out.append((chunk, self._executor.submit(_play_chunk, chunk.jobs, protocol, share, kinds)))
+        for start in range(0, len(items), size):
+            chunk = Chunk(start, tuple(items[start : start + size]))
+            out.append((chunk, self._executor.submit(fn, *head, chunk.jobs, protocol, share, kinds)))
         return out
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
@@ -244,6 +270,12 @@ def finished(data: bytes) -> list[Finished]:
         return [Finished(unpack_result(packed), wall) for packed, wall in pickle.loads(data)]
 
 
+def drafted(data: bytes) -> list[tuple[Scenario, Finished]]:
+    """The scenarios made and the results of a chunk sent by :meth:`WorkerPool.play_drafts`, in draft order."""
+    with _gc_paused():
+        return [(scenario, Finished(unpack_result(packed), wall)) for scenario, packed, wall in pickle.loads(data)]
+
+
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """The cyclic garbage collector paused: unpickling a chunk makes thousands of small acyclic objects, and the
@@ -279,6 +311,25 @@ def _map_chunk(fn: Callable[[T], R], items: tuple[T, ...]) -> bytes:
 def _play_chunk(
     jobs: tuple[Job, ...], protocol: ProtocolConfig, concurrency: int, per_kind: Mapping[str, int]
 ) -> bytes:
+    played = _play(jobs, protocol, concurrency, per_kind)
+    return _dumps([(pack_result(p.result), p.wall_s) for p in played])
+
+
+def _play_drafts_chunk(
+    source: Callable[[int], Scenario] | None,
+    drafts: tuple[Draft, ...],
+    protocol: ProtocolConfig,
+    concurrency: int,
+    per_kind: Mapping[str, int],
+) -> bytes:
+    scenarios = [tradeable_scenario(source, d.draw) for d in drafts]
+    played = _play(tuple(d.job(sc) for d, sc in zip(drafts, scenarios, strict=True)), protocol, concurrency, per_kind)
+    return _dumps([(sc, pack_result(p.result), p.wall_s) for sc, p in zip(scenarios, played, strict=True)])
+
+
+def _play(
+    jobs: tuple[Job, ...], protocol: ProtocolConfig, concurrency: int, per_kind: Mapping[str, int]
+) -> list[Played]:
     from .marketplace import Marketplace
 
     state = _STATE
@@ -288,23 +339,22 @@ def _play_chunk(
     if market is None:
         market = Marketplace(state.factories, concurrency=concurrency, per_kind=per_kind, protocol=protocol)
         state.markets[key] = market
-    packed: list[bytes] = []
-    state.runner.run(_play_into(packed, market, jobs))
-    return packed[0]
+    played: list[Played] = []
+    state.runner.run(_play_into(played, market, jobs))
+    return played
 
 
-async def _play_into(packed: list[bytes], market: Marketplace, jobs: tuple[Job, ...]) -> None:
-    """Play the chunk and append its packed results to ``packed``. The run's main task returns nothing: as
-    ``asyncio.Runner.run`` restores the SIGINT handler it formats that task, result included, and formatting a list of
-    results with every turn took 1-2% of a worker's time."""
-    played = await market.play(jobs)
+async def _play_into(played: list[Played], market: Marketplace, jobs: tuple[Job, ...]) -> None:
+    """Play the jobs into ``played``. The run's main task returns nothing: as ``asyncio.Runner.run`` restores the
+    SIGINT handler it formats that task, result included, and formatting a list of results with every turn took 1-2%
+    of a worker's time."""
+    played.extend(await market.play(jobs))
     kept = next((p.job for p in played if p.seller_record is not None or p.buyer_record is not None), None)
     if kept is not None:  # a record lives in the worker's memory: a learner could never get it
         raise ValueError(
             f"{kept.seller} vs {kept.buyer}: a side keeps a record of its episode (a learner's), which a worker "
             "process cannot hand back; play it with workers=1"
         )
-    packed.append(_dumps([(pack_result(p.result), p.wall_s) for p in played]))
 
 
 def tradeable_scenario(source: Callable[[int], Scenario] | None, draw: int) -> Scenario:

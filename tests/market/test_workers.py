@@ -17,13 +17,14 @@ import pytest
 from nego.evaluation.config import EvalConfig
 from nego.evaluation.runner import evaluate
 from nego.market.events import EventBus, NegotiationEnded, NegotiationStarted, RunFinished, TurnPlayed
-from nego.market.marketplace import Job, Marketplace
+from nego.market.marketplace import Draft, Job, Marketplace
 from nego.market.population import BuyerSetup, MarketModel, SellerSetup
 from nego.market.transcript_rows import TIMING_COLUMNS
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
 from nego.market.types import EndReason, NegotiationResult
 from nego.market.workers import WorkerPool
-from nego.scenarios.scenario import Role
+from nego.scenarios.generator import generate_scenario
+from nego.scenarios.scenario import Role, Scenario
 from nego.simulation import SimulateConfig, run_simulation
 
 from ..conftest import make_widget_scenario
@@ -116,6 +117,50 @@ async def test_a_rerun_on_workers_plays_only_what_is_missing(pool, tmp_path):
     finished = next(e for e in seen if isinstance(e, RunFinished))
     assert (finished.ran, finished.skipped) == (7, 5)
     assert read_negotiations(tmp_path).height == 12 and len(results) == 12
+
+
+def made_in_a_worker(draw: int) -> Scenario:
+    """The generator's scenario ``draw``, refused in the main process: a draft's scenario is made where it is played."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        raise AssertionError("a drafted scenario was made in the parent")
+    return generate_scenario(draw)
+
+
+def drafts_for(n: int) -> list[Draft]:
+    return [Draft(1000 + i, "slow" if i % 3 == 0 else "a", "b", seed=i, run_id="d", day=2, pair=i) for i in range(n)]
+
+
+async def test_drafts_are_made_and_played_on_the_workers_as_the_same_jobs_made_here(pool, tmp_path):
+    drafts = drafts_for(24)
+    jobs = [d.job(generate_scenario(d.draw)) for d in drafts]
+    with TranscriptWriter(tmp_path / "here", flush_every=4) as writer:
+        here = await Marketplace(SPECS, concurrency=6, writer=writer).play(jobs)
+    bus, seen = watched()
+    with TranscriptWriter(tmp_path / "drafted", flush_every=4) as writer:
+        drafted = await Marketplace(SPECS, concurrency=6, writer=writer, pool=pool, bus=bus).play_drafts(
+            made_in_a_worker, drafts
+        )
+    assert [p.job for p in drafted] == jobs  # the same jobs, ids included, in draft order
+    assert [p.result for p in drafted] == [p.result for p in here]
+    for a, b in zip(tables(tmp_path / "drafted"), tables(tmp_path / "here"), strict=True):
+        assert a.equals(b)
+    assert sum(isinstance(e, NegotiationEnded) for e in seen) == len(drafts)
+
+
+async def test_a_rerun_of_drafts_on_workers_reads_back_what_is_complete(pool, tmp_path):
+    drafts = drafts_for(12)
+    with TranscriptWriter(tmp_path, flush_every=3) as writer:
+        await Marketplace(SPECS, writer=writer).play([d.job(generate_scenario(d.draw)) for d in drafts[:5]])
+    bus, seen = watched()
+    with TranscriptWriter(tmp_path, flush_every=3) as writer:
+        played = await Marketplace(SPECS, writer=writer, pool=pool, bus=bus).play_drafts(made_in_a_worker, drafts)
+    finished = next(e for e in seen if isinstance(e, RunFinished))
+    assert (finished.ran, finished.skipped) == (7, 5)
+    assert [p.fresh for p in played] == [False] * 5 + [True] * 7
+    assert read_negotiations(tmp_path).height == 12  # nothing written twice
+    assert {p.job.negotiation_id for p in played} == set(read_negotiations(tmp_path)["negotiation_id"])
 
 
 async def test_a_model_loaded_in_this_process_is_refused_before_anything_is_played(pool, tmp_path):
