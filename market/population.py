@@ -173,9 +173,11 @@ class MarketModel(mesa.Model):
 
     @property
     def _drafting(self) -> bool:
-        """Whether the day's jobs go to the market as drafts: scenarios generated (not drawn from a list), no learner
-        (a learner's group is built from the job itself)."""
-        return (self._scenarios is None or callable(self._scenarios)) and not self.learners
+        """Whether the day's jobs go to the market as drafts: scenarios from the built-in generator and no learner (a
+        learner's group is built from the job itself). A plugin's generating source keeps jobs: a rerun cannot tell
+        from its transcripts which of its slots are complete, and a job is checked against them before it is played,
+        where a draft is checked only once its scenario is made."""
+        return self._scenarios is None and not self.learners
 
     def _scenarios_of(self, draws: Sequence[int]) -> Iterator[Scenario]:
         """The scenarios of ``draws``, in order: taken from the list, or generated (on the workers, when there are
@@ -187,7 +189,7 @@ class MarketModel(mesa.Model):
 
     def _plan(self, day: int, pairs: Sequence[tuple[SellerAgent, BuyerAgent]]) -> list[list[Job] | Outcome]:
         """Per pair, in pair order: the jobs to play (one, or a learner's group: the market's negotiation first, then
-        its rollouts), or the outcome stored by an earlier run of the same slot. With generated scenarios and no
+        its rollouts), or the outcome stored by an earlier run of the same slot. With the built-in generator and no
         learner, a job to play is still a :class:`Draft`: the market makes its scenario where it plays it."""
         plan: list[list[Job] | Outcome | None] = []
         slots = []  # the pairs to play: (pair, seller, buyer, seed, draw)
