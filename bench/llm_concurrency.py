@@ -89,20 +89,26 @@ Timing = tuple[float, float]
 """Wall seconds and this process's CPU seconds."""
 
 
-async def run_market(jobs: list[Job], settings: LLMSettings, sent: list[dict] | None) -> tuple[Timing, list[int], int]:
-    """One market run; with ``sent``, every request body is recorded there (an untimed run: the bodies it keeps
-    alive would make the collector's passes in the timed run longer)."""
+def market_of(settings: LLMSettings, concurrency: int, sent: list[dict] | None) -> tuple[Marketplace, Any]:
+    """A marketplace for the bench spec and its factory; with ``sent``, every request body is kept there (the bare
+    loop replays exactly these requests)."""
     factory = resolve_model_spec(SPEC, settings)
     if sent is not None:
         build = factory.backend._kwargs
 
-        def record(request):  # the bare loop replays exactly these requests
+        def record(request):
             kwargs = build(request)
             sent.append(kwargs)
             return kwargs
 
         factory.backend._kwargs = record
-    market = Marketplace({SPEC: factory}, concurrency=len(jobs))
+    return Marketplace({SPEC: factory}, concurrency=concurrency), factory
+
+
+async def run_market(jobs: list[Job], settings: LLMSettings, sent: list[dict] | None) -> tuple[Timing, list[int], int]:
+    """One market run; with ``sent``, every request body is recorded there (an untimed run: the bodies it keeps
+    alive would make the collector's passes in the timed run longer)."""
+    market, factory = market_of(settings, len(jobs), sent)
     start, cpu = time.perf_counter(), time.process_time()
     results = await market.run(jobs)
     wall = time.perf_counter() - start, time.process_time() - cpu

@@ -38,8 +38,8 @@ import llm_concurrency as lc
 from nego.agents.llm import negotiator as negotiator_module
 from nego.agents.llm.backends import _common, openai_lean
 from nego.agents.llm.backends.limits import RateLimits
-from nego.agents.model_specs import LLMSettings, resolve_model_spec
-from nego.market.marketplace import Job, Marketplace
+from nego.agents.model_specs import LLMSettings
+from nego.market.marketplace import Job
 
 ROOT = Path(__file__).resolve().parent.parent
 Key = tuple[int, str]
@@ -72,27 +72,11 @@ def record(jobs: list[Job], url: str) -> tuple[dict[Key, Any], list[dict], list[
 
 async def play(jobs: list[Job], url: str, sent: list[dict] | None = None) -> list[Any]:
     settings = LLMSettings(base_url=url, limits=RateLimits(concurrency=len(jobs)), client="lean")
-    market, factory = market_of(settings, len(jobs), sent)
+    market, factory = lc.market_of(settings, len(jobs), sent)
     try:
         return await market.run(jobs)
     finally:
         await factory.aclose()
-
-
-def market_of(settings: LLMSettings, concurrency: int, sent: list[dict] | None) -> tuple[Marketplace, Any]:
-    """A marketplace for the bench spec (as ``llm_concurrency.py`` builds it) and its factory; with ``sent``, every
-    request body is kept there, for the bare loop to replay."""
-    factory = resolve_model_spec(lc.SPEC, settings)
-    if sent is not None:
-        build = factory.backend._kwargs
-
-        def kept(request: Any) -> dict:
-            kwargs = build(request)
-            sent.append(kwargs)
-            return kwargs
-
-        factory.backend._kwargs = kept
-    return Marketplace({lc.SPEC: factory}, concurrency=concurrency), factory
 
 
 def ends(results: list[Any]) -> list[tuple]:
