@@ -346,8 +346,7 @@ def _play(
 
 async def _play_into(played: list[Played], market: Marketplace, jobs: tuple[Job, ...]) -> None:
     """Play the jobs into ``played``. The run's main task returns nothing: as ``asyncio.Runner.run`` restores the
-    SIGINT handler it formats that task, result included, and formatting a list of results with every turn took 1-2%
-    of a worker's time."""
+    SIGINT handler it formats that task, result included, and a list of results formats every turn of several."""
     played.extend(await market.play(jobs))
     kept = next((p.job for p in played if p.seller_record is not None or p.buyer_record is not None), None)
     if kept is not None:  # a record lives in the worker's memory: a learner could never get it
