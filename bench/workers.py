@@ -5,10 +5,10 @@ Plays a fixed seeded population simulation (the default rule-based sellers and b
 or ``--scenarios`` as ``nego simulate`` takes it) at ``--workers 1`` and at ``--workers 2``, arms alternating,
 each run in a fresh process into a fresh directory (so no run inherits another's caches or worker pool). Prints
 negotiations per wall-second of each run (the whole ``run_simulation``: worker start-up, planning, playing,
-writing), the best and median of each arm, their ratio, the CPU time of the run's parent process and of its
-workers, the CPU time other processes took from the machine meanwhile, and the load average around the runs (it
-counts the run's own processes): on a shared machine other jobs take cores too. It checks that both arms wrote
-the same transcripts (timing columns aside).
+writing), the best and median of each arm, their ratio, the CPU time of the run's parent process (and the part of it
+the cyclic garbage collector took) and of its workers, the CPU time other processes took from the machine meanwhile,
+and the load average around the runs (it counts the run's own processes): on a shared machine other jobs take cores
+too. It checks that both arms wrote the same transcripts (timing columns aside).
 
 A third arm gives the bound the two-worker run is read against: two single-process runs started together, each with
 half the pairs a day, so the same number of negotiations with nothing shared (``--no-bound`` leaves it out). Its
@@ -23,6 +23,7 @@ to it only as far as splitting one run costs nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -49,8 +50,10 @@ def one_run(days: int, negotiations: int, scenarios: str | None, workers: int, o
         out=out,
         workers=workers,
     )
+    collector = CollectorTime()
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_simulation(cfg)
+    with collector:
+        result = run_simulation(cfg)
     return {
         "workers": workers,
         "negotiations": result.negotiations.height,
@@ -58,7 +61,29 @@ def one_run(days: int, negotiations: int, scenarios: str | None, workers: int, o
         "parent_cpu_s": time.process_time() - cpu,
         "workers_cpu_s": workers_cpu(),
         "process_cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),  # imports and all
+        "parent_gc_s": collector.seconds,
     }
+
+
+class CollectorTime:
+    """Wall seconds the cyclic garbage collector ran in this process while the block ran (its own callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> CollectorTime:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def workers_cpu() -> float:
@@ -119,6 +144,7 @@ def pair(args: argparse.Namespace, out: Path) -> dict:
         "negotiations": sum(r["negotiations"] for r in runs),
         "wall_s": max(r["wall_s"] for r in runs),  # they start together: the later end is the pair's
         "parent_cpu_s": sum(r["parent_cpu_s"] for r in runs),
+        "parent_gc_s": sum(r["parent_gc_s"] for r in runs),
         "workers_cpu_s": 0.0,
         "others_cpu_s": max(0.0, busy_s() - busy - cpu),
         "load_before": before,
@@ -145,17 +171,19 @@ def report(args: argparse.Namespace, runs: list[dict], same: bool) -> None:
         "wall s",
         "neg/s",
         "parent CPU s",
+        "parent GC s",
         "workers CPU s",
         "others CPU s",
         "load",
     )
-    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (3, 7, 12, 8, 8, 12, 13, 12, 11), strict=True)))
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (3, 7, 12, 8, 8, 12, 11, 13, 12, 11), strict=True)))
     for i, r in enumerate(runs):
         rate = r["negotiations"] / r["wall_s"]
         load = f"{r['load_before']:.2f}->{r['load_after']:.2f}"
         print(
             f"{i + 1:>3} {r['workers']:>7} {r['negotiations']:>12} {r['wall_s']:>8.2f} {rate:>8.0f}"
-            f" {r['parent_cpu_s']:>12.2f} {r['workers_cpu_s']:>13.2f} {r['others_cpu_s']:>12.2f} {load:>11}"
+            f" {r['parent_cpu_s']:>12.2f} {r['parent_gc_s']:>11.2f} {r['workers_cpu_s']:>13.2f}"
+            f" {r['others_cpu_s']:>12.2f} {load:>11}"
         )
     arms = sorted({r["workers"] for r in runs}, key=str)
     rates = {w: [r["negotiations"] / r["wall_s"] for r in runs if r["workers"] == w] for w in arms}

@@ -4,9 +4,11 @@ Pickle stores a frozen slotted dataclass field by field through Python-level sta
 dozen turns costs about as much to pickle and unpickle as the negotiation cost to play. Tuples of strings and
 numbers go through pickle's C paths; :func:`unpack_result` rebuilds exactly the result :func:`pack_result` was given.
 
-An offer object that appears in several turns of a result (a rule negotiator repeating its offer, an agreement on
-the standing offer) is packed as one dict, which pickle stores once, and unpacked as one :class:`Offer` again: the
-receiving side then encodes it for the transcripts once, as the playing side would have.
+An offer is packed as its values and its compact JSON text (the transcripts' encoding, which the playing side keeps
+per offer object: a rule negotiator's offers come from a table shared by its negotiations, so each is encoded once per
+process), and unpacked as an :class:`Offer` that already holds that text: the receiving side writes it without
+encoding the offer again. An offer object that appears in several turns of a result (a rule negotiator repeating its
+offer, an agreement on the standing offer) is packed once, which pickle stores once, and unpacked as one offer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from nego.scenarios.scenario import Role
 from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
 
 PackedResult = tuple[Any, ...]
-"""What :func:`pack_result` makes: nested tuples of str, int, float, bool, None and dicts of offer values."""
+"""What :func:`pack_result` makes: nested tuples of str, int, float, bool, None, and per offer its values (a dict)
+with its JSON text."""
+
+PackedOffer = tuple[dict[str, Any], str]
 
 _ROLES = {r.value: r for r in Role}
 _KINDS = {k.value: k for k in ActionKind}
@@ -29,17 +34,19 @@ def _pack_usage(u: Usage | None) -> tuple[Any, ...] | None:
     return None if u is None else (u.prompt_tokens, u.completion_tokens, u.latency_s, u.cost_usd, u.calls)
 
 
-def _pack_offer(offer: Offer | None, packed: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """``offer``'s values; the same dict for the same offer object within one result (``packed`` remembers them)."""
+def _pack_offer(offer: Offer | None, packed: dict[int, PackedOffer]) -> PackedOffer | None:
+    """``offer``'s values and JSON text; the same tuple for the same offer object within one result (``packed``
+    remembers them)."""
     if offer is None:
         return None
-    values = packed.get(id(offer))
-    if values is None:
-        values = packed[id(offer)] = offer.to_dict()
-    return values
+    pair = packed.get(id(offer))
+    if pair is None:
+        # the offer's own dict, not a copy: pickling copies it, and an offer is never changed
+        pair = packed[id(offer)] = (offer.as_mapping(), offer.to_json())  # type: ignore[assignment]
+    return pair
 
 
-def _pack_turn(t: Turn, packed: dict[int, dict[str, Any]]) -> tuple[Any, ...]:
+def _pack_turn(t: Turn, packed: dict[int, PackedOffer]) -> tuple[Any, ...]:
     a = t.action
     action = (a.kind.value, _pack_offer(a.offer, packed), a.message, a.raw, a.error, _pack_usage(a.usage))
     return (t.index, t.round, t.role.value, t.attempt, action, t.valid, t.feedback, t.utility_seller, t.utility_buyer)
@@ -48,7 +55,7 @@ def _pack_turn(t: Turn, packed: dict[int, dict[str, Any]]) -> tuple[Any, ...]:
 def pack_result(r: NegotiationResult) -> PackedResult:
     """``r`` as nested tuples of plain values (see :func:`unpack_result`)."""
     o = r.outcome
-    packed: dict[int, dict[str, Any]] = {}  # the result keeps every offer alive, so no id is reused meanwhile
+    packed: dict[int, PackedOffer] = {}  # the result keeps every offer alive, so no id is reused meanwhile
     outcome = (
         o.end_reason.value,
         _pack_offer(o.agreement, packed),
@@ -71,13 +78,14 @@ def _usage(packed: tuple[Any, ...] | None) -> Usage | None:
     return None if packed is None else Usage(*packed)
 
 
-def _offer(values: dict[str, Any] | None, offers: dict[int, Offer]) -> Offer | None:
-    """The offer of packed ``values``; one offer per dict object within one result (``offers`` remembers them)."""
-    if values is None:
+def _offer(pair: PackedOffer | None, offers: dict[int, Offer]) -> Offer | None:
+    """The offer of a packed (values, JSON text) pair; one offer per pair object within one result (``offers``
+    remembers them)."""
+    if pair is None:
         return None
-    offer = offers.get(id(values))
+    offer = offers.get(id(pair))
     if offer is None:
-        offer = offers[id(values)] = Offer(values)
+        offer = offers[id(pair)] = Offer.encoded(*pair)
     return offer
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 from nego.scenarios.scenario import Scenario
 
+from .collector import paced_collection
 from .day_stats import (
     DAY_SCHEMA,
     SELLER_DAY_SCHEMA,
@@ -224,7 +225,13 @@ class MarketModel(mesa.Model):
 
     def step(self) -> None:
         """Play one market day (Mesa has already advanced ``self.steps``, which is the day number)."""
-        day = self.steps
+        # the collector paced for the whole day, not only while the market plays: a day's planning and bookkeeping
+        # make tens of thousands of objects that live until the day ends, and at CPython's pace the collector
+        # traverses the day's results again and again meanwhile
+        with paced_collection():
+            self._day(self.steps)
+
+    def _day(self, day: int) -> None:
         pairs = self.match()
         if not pairs:
             self.running = False

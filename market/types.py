@@ -63,6 +63,17 @@ class Offer(Mapping[str, Value]):
         offer._valid_for = issues
         return offer
 
+    @classmethod
+    def encoded(cls, values: dict[str, Value], text: str) -> Offer:
+        """The offer of ``values`` whose :meth:`to_json` is ``text``, which the caller took from an offer of the same
+        values (an offer that crossed a process boundary: it is not encoded a second time). Takes ``values`` over."""
+        offer = cls.__new__(cls)
+        offer._values = values
+        offer._hash = None
+        offer._json = text
+        offer._valid_for = None
+        return offer
+
     def __getitem__(self, key: str) -> Value:
         return self._values[key]
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pickle
 from dataclasses import fields
 
+from hypothesis import given
+from hypothesis import strategies as st
 from nego.agents.registry import resolve
 from nego.market.marketplace import Job, Marketplace, error_result
 from nego.market.packing import pack_result, unpack_result
-from nego.market.types import Action, NegotiationResult, Outcome, Turn, Usage
+from nego.market.types import Action, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
 
 from ..conftest import make_widget_scenario
 from .fakes import BrokenFactory, Factory
@@ -70,9 +72,24 @@ async def test_an_offer_repeated_across_turns_crosses_once_and_comes_back_as_one
     assert len(sellers) > 1 and all(o is sellers[0] for o in sellers)  # a hardliner repeats one offer object
     packed = pack_result(result)
     offers = [turn[4][1] for turn in packed[3] if turn[2] == "seller" and turn[4][1] is not None]
-    assert all(o is offers[0] for o in offers)  # one dict, which pickle stores once
+    assert all(o is offers[0] for o in offers)  # one (values, text) pair, which pickle stores once
     back = unpack_result(pickle.loads(pickle.dumps(packed)))
     assert back == result
     again = [t.action.offer for t in back.turns if t.role == "seller" and t.action.offer is not None]
     assert all(o is again[0] for o in again)
     assert again[0].to_json() == sellers[0].to_json() == '{"price":150,"quantity":10,"warranty":"none"}'
+
+
+values = st.one_of(
+    st.integers(-(10**12), 10**12), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8), st.booleans()
+)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=6), values, min_size=1, max_size=5))
+def test_an_unpacked_offer_writes_the_text_its_original_writes(offer_values):
+    offer = Offer(offer_values)
+    outcome = Outcome(EndReason.AGREEMENT, offer, 0.5, 0.5, 1, 1)
+    back = unpack_result(pickle.loads(pickle.dumps(pack_result(NegotiationResult("s", 0, outcome, ())))))
+    agreed = back.outcome.agreement
+    assert agreed == offer and hash(agreed) == hash(offer)
+    assert agreed.to_json() == offer.to_json() == Offer(dict(agreed)).to_json()

@@ -211,6 +211,24 @@ def test_factories_a_worker_cannot_rebuild_are_refused():
         WorkerPool(2, lambda spec: SPECS[spec])
 
 
+def test_a_worker_plays_rule_agents_without_importing_polars_or_mesa():
+    # what a worker process loads before its first chunk (the forkserver's preload) and while it plays: the
+    # transcripts, summaries and the population model stay in the parent, so a pool starts without them
+    code = (
+        "import asyncio, sys\n"
+        "from nego.agents.registry import resolve\n"
+        "from nego.market import workers\n"
+        "from nego.scenarios import generator\n"
+        "job = workers.tradeable_scenario(None, 3)\n"
+        "from nego.market.marketplace import Job, Marketplace\n"
+        "[r] = asyncio.run(Marketplace(resolve).run([Job(job, 'tft', 'boulware', 0)]))\n"
+        "assert r.outcome.turns > 0\n"
+        "heavy = [m for m in ('polars', 'mesa', 'pandas') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_learners_are_refused_with_workers(pool):
     class Learner:
         spec, group_size = "learning", 1
