@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from nego.market.marketplace import Job, Marketplace
-from nego.market.protocol import Negotiator, ProtocolConfig
+import numpy as np
+from nego.market.marketplace import child_seeds
+from nego.market.protocol import Negotiator, ProtocolConfig, run_negotiation
 from nego.market.types import Action, ActionKind, Observation, Offer, Turn
 from nego.scenarios.analysis import analyse, offer_at
 from nego.scenarios.scenario import Role, Scenario
@@ -59,41 +59,42 @@ def _seller_script(turns: Sequence[Turn]) -> list[tuple[int, list[Action], float
     return points
 
 
-_PROBE, _BUYER = "best-response-probe", "replayed-buyer"
-
-
-@dataclass(frozen=True, slots=True)
-class _ProbeFactory:
-    """The scripted seller of one probe, as a factory the marketplace can play."""
-
-    script: tuple[Action, ...]
-    probe: Action
-    spec: str = _PROBE
-    kind: str = "probe"
-
-    def __call__(self, role: Role, seed: int) -> Negotiator:
-        return _ScriptedSeller(self.script, self.probe)
-
-
-@dataclass(frozen=True, slots=True)
-class _Buyer:
-    build: BuyerFactory
-    spec: str = _BUYER
-    kind: str = "rule"
-
-    def __call__(self, role: Role, seed: int) -> Negotiator:
-        return self.build(role, seed)
-
-
 async def _accepts(
-    scenario: Scenario, build: BuyerFactory, seed: int, script: list[Action], offer: Offer, config: ProtocolConfig
+    scenario: Scenario,
+    build: BuyerFactory,
+    buyer_seed: int,
+    seed: int,
+    script: list[Action],
+    offer: Offer,
+    config: ProtocolConfig,
 ) -> bool:
-    """Replay the negotiation as a market job (same seed: the buyer gets the same child seed it played with) with
-    the seller's recorded attempts, then the probe offer."""
-    probe = _ProbeFactory(tuple(script), Action.make_offer(offer))
-    market = Marketplace({_PROBE: probe, _BUYER: _Buyer(build)}, protocol=config)
-    (result,) = await market.run([Job(scenario, _PROBE, _BUYER, seed)])
+    """Replay the negotiation as the market played it (the buyer built with the child seed it played with, the same
+    protocol and negotiation seed) with the seller's recorded attempts, then the probe offer."""
+    try:
+        buyer = build(Role.BUYER, buyer_seed)
+    except Exception:  # the market plays a buyer that cannot be built as an error: nothing is accepted
+        return False
+    seller = _ScriptedSeller(script, Action.make_offer(offer))
+    result = await run_negotiation(scenario, seller, buyer, seed=seed, config=config)
     return result.outcome.agreed and result.outcome.agreement == offer
+
+
+_FRONTIERS: dict[str, tuple[np.ndarray, list[Offer]]] = {}
+_MAX_FRONTIERS = 256
+
+
+def _frontier(scenario: Scenario) -> tuple[np.ndarray, list[Offer]]:
+    """The Pareto frontier's seller utilities (descending) and its offers, worked out once per scenario content (an
+    evaluation replays many negotiations of each of its scenarios, each job holding its own scenario object)."""
+    key = scenario.content_hash()
+    hit = _FRONTIERS.get(key)
+    if hit is None:
+        if len(_FRONTIERS) >= _MAX_FRONTIERS:
+            _FRONTIERS.clear()
+        analysis = analyse(scenario)
+        offers = [offer_at(scenario, int(i)) for i in analysis.pareto_indices]
+        hit = _FRONTIERS[key] = (analysis.pareto_utilities[:, 0], offers)
+    return hit
 
 
 async def best_response_value(
@@ -106,9 +107,8 @@ async def best_response_value(
 ) -> float:
     """Best seller utility reachable by one deviation at a reached seller turn (see the module docstring)."""
     cfg = config or ProtocolConfig()
-    analysis = analyse(scenario)
-    front_u = analysis.pareto_utilities[:, 0]
-    offers = [offer_at(scenario, int(i)) for i in analysis.pareto_indices]
+    front_u, offers = _frontier(scenario)
+    buyer_seed = child_seeds(seed)[1]
     best = score
     # later turns first: threshold buyers concede over time, so the best value tends to be found there and each
     # earlier turn then costs a single probe that rules out anything better
@@ -117,12 +117,12 @@ async def best_response_value(
             best = max(best, standing)
         # candidates better than what is already reachable, sorted by seller utility descending
         hi = int((front_u > best + 1e-12).sum())
-        if hi == 0 or not await _accepts(scenario, build_buyer, seed, script, offers[hi - 1], cfg):
+        if hi == 0 or not await _accepts(scenario, build_buyer, buyer_seed, seed, script, offers[hi - 1], cfg):
             continue
         lo_fail, ok = -1, hi - 1  # offers[ok] accepted; find the smallest accepted index by bisection
         while ok - lo_fail > 1:
             mid = (lo_fail + ok) // 2
-            if await _accepts(scenario, build_buyer, seed, script, offers[mid], cfg):
+            if await _accepts(scenario, build_buyer, buyer_seed, seed, script, offers[mid], cfg):
                 ok = mid
             else:
                 lo_fail = mid

@@ -20,15 +20,17 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import polars as pl
 from nego.market.locks import exclusive_run
 from nego.market.marketplace import FactorySource, Job, Marketplace
+from nego.market.packing import PackedResult, pack_result, unpack_result
 from nego.market.rates import deal_rate_expr
 from nego.market.transcript_rows import results_from_tables
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
-from nego.market.workers import WorkerPool
+from nego.market.workers import WorkerPool, run_map
 
 from .best_response import best_response_value
 from .config import EvalConfig
@@ -139,11 +141,18 @@ def read_manifest(directory: Path) -> dict:
     return json.loads(path.read_text())
 
 
-async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob]) -> int:
-    """Play the jobs missing from the transcripts (on ``config.workers`` processes, which rebuild ``factories``:
-    give a picklable resolver then); returns how many negotiations were played now."""
-    pool = WorkerPool(config.workers, factories) if config.workers > 1 else None
-    with TranscriptWriter(config.out / "transcripts") as writer, pool or contextlib.nullcontext():
+def worker_pool(config: EvalConfig, factories: FactorySource) -> WorkerPool | None:
+    """The run's ``config.workers`` processes (they rebuild ``factories``: give a picklable resolver then), or None for
+    one; to be closed by the caller (a context manager)."""
+    return WorkerPool(config.workers, factories) if config.workers > 1 else None
+
+
+async def play(
+    config: EvalConfig, factories: FactorySource, jobs: Sequence[PlannedJob], pool: WorkerPool | None = None
+) -> int:
+    """Play the jobs missing from the transcripts (on ``pool``'s workers when given); returns how many negotiations
+    were played now."""
+    with TranscriptWriter(config.out / "transcripts") as writer:
         market = Marketplace(
             factories, concurrency=config.concurrency, per_kind=config.per_kind, writer=writer, pool=pool
         )
@@ -154,25 +163,62 @@ async def play(config: EvalConfig, factories: FactorySource, jobs: Sequence[Plan
         return writer.written
 
 
-async def _gaps(
-    negotiations: pl.DataFrame, turns: pl.DataFrame, jobs: dict[str, PlannedJob], factories: FactorySource
+GapItem = tuple[Job, PackedResult]
+"""One negotiation whose gap is to be found: its job and its result, packed to cross to a worker."""
+
+
+def _gaps(
+    negotiations: pl.DataFrame,
+    turns: pl.DataFrame,
+    jobs: dict[str, PlannedJob],
+    factories: FactorySource,
+    pool: WorkerPool | None,
 ) -> dict[str, float]:
+    """The gaps of the negotiations with a rule-based buyer that did not end in an error, found on ``pool``'s workers
+    when there is one (each gap replays its negotiation many times: most of an evaluation of rule sellers)."""
     results = results_from_tables(negotiations, turns)
     market = Marketplace(factories)
-    gaps = {}
+    items: list[GapItem] = []
     for nid, result in results.items():
         job = jobs[nid].job
-        factory = market.factory(job.buyer)
-        if getattr(factory, "kind", None) != "rule" or result.outcome.end_reason.value == "error":
+        if getattr(market.factory(job.buyer), "kind", None) != "rule" or result.outcome.end_reason.value == "error":
             continue
-        value = await best_response_value(job.scenario, factory, job.seed, result.turns, result.outcome.seller_utility)
-        gaps[nid] = value - result.outcome.seller_utility
-    return gaps
+        items.append((job, pack_result(result)))
+    batches = [items[i : i + GAP_BATCH] for i in range(0, len(items), GAP_BATCH)]
+    values = [v for batch in run_map(partial(gaps_of, factories), batches, pool) for v in batch]
+    return {job.negotiation_id: value for (job, _), value in zip(items, values, strict=True)}
 
 
-def optimality_gaps(directory: Path, negotiations: pl.DataFrame, jobs: dict[str, PlannedJob], factories: FactorySource):
+GAP_BATCH = 16
+"""Negotiations whose gaps one call of :func:`gaps_of` finds (on one event loop)."""
+
+
+def gaps_of(factories: FactorySource, items: Sequence[GapItem]) -> list[float]:
+    """The optimality gap of each negotiation of ``items`` (module level, so that a worker can run it)."""
+    market = Marketplace(factories)
+
+    async def gaps() -> list[float]:
+        out = []
+        for job, packed in items:
+            result = unpack_result(packed)
+            score = result.outcome.seller_utility
+            value = await best_response_value(job.scenario, market.factory(job.buyer), job.seed, result.turns, score)
+            out.append(value - score)
+        return out
+
+    return asyncio.run(gaps())
+
+
+def optimality_gaps(
+    directory: Path,
+    negotiations: pl.DataFrame,
+    jobs: dict[str, PlannedJob],
+    factories: FactorySource,
+    pool: WorkerPool | None = None,
+):
     """Gaps for every negotiation with a rule-based buyer, cached in ``gaps.parquet`` by negotiation id and attempt
-    (a negotiation's id fixes its scenario, specs and seed, so its gap never changes)."""
+    (a negotiation's id fixes its scenario, specs and seed, so its gap never changes); found on ``pool``'s workers
+    when given."""
     cache_path = directory / "gaps.parquet"
     schema = {"negotiation_id": pl.String, "attempt": pl.Int32, "gap": pl.Float64}
     cache = pl.read_parquet(cache_path) if cache_path.exists() else pl.DataFrame(schema=schema)
@@ -185,7 +231,7 @@ def optimality_gaps(directory: Path, negotiations: pl.DataFrame, jobs: dict[str,
     if todo.height:
         ids = todo["negotiation_id"]
         turns = read_turns(directory / "transcripts", latest=True).filter(pl.col("negotiation_id").is_in(ids))
-        fresh = asyncio.run(_gaps(todo, turns, jobs, factories))
+        fresh = _gaps(todo, turns, jobs, factories, pool)
         attempts = dict(todo.select("negotiation_id", "attempt").iter_rows())
         for nid in todo["negotiation_id"]:
             known[(nid, attempts[nid])] = fresh.get(nid)
@@ -196,7 +242,13 @@ def optimality_gaps(directory: Path, negotiations: pl.DataFrame, jobs: dict[str,
     return {n: known[(n, a)] for n, a in negotiations.select("negotiation_id", "attempt").iter_rows()}
 
 
-def metrics_table(config: EvalConfig, suite: Suite, jobs: Sequence[PlannedJob], factories: FactorySource):
+def metrics_table(
+    config: EvalConfig,
+    suite: Suite,
+    jobs: Sequence[PlannedJob],
+    factories: FactorySource,
+    pool: WorkerPool | None = None,
+):
     """Metrics of the latest attempt of every planned job, with pairing keys (written to metrics.parquet)."""
     by_id = {p.job.negotiation_id: p for p in jobs}
     ids = pl.Series(list(by_id), dtype=pl.String)
@@ -205,7 +257,7 @@ def metrics_table(config: EvalConfig, suite: Suite, jobs: Sequence[PlannedJob], 
     missing = len(by_id) - negotiations.height
     if missing:
         raise RuntimeError(f"{missing} planned negotiation(s) have no transcript in {tdir}: rerun to finish them")
-    gaps = optimality_gaps(config.out, negotiations, by_id, factories) if config.optimality_gap else {}
+    gaps = optimality_gaps(config.out, negotiations, by_id, factories, pool) if config.optimality_gap else {}
     metrics = compute_metrics(negotiations, suite.variants(), gaps)
     extra = pl.DataFrame(
         {
@@ -378,11 +430,13 @@ class EvalResult:
     """The specs played as reference sellers (an arm's own spec where a baseline is one of the arms)."""
 
 
-def summarize(config: EvalConfig, run: RunPlan, factories: FactorySource, played: int) -> EvalResult:
+def summarize(
+    config: EvalConfig, run: RunPlan, factories: FactorySource, played: int, pool: WorkerPool | None = None
+) -> EvalResult:
     """Metrics and comparisons of a run whose transcripts in ``config.out`` hold every planned negotiation, written
     there (``metrics.parquet``, ``gaps.parquet``, ``comparisons.parquet``; the caller holds the directory).
-    ``played`` is what the result reports as played now."""
-    metrics = metrics_table(config, run.suite, run.jobs, factories)
+    ``played`` is what the result reports as played now; ``pool``'s workers find the optimality gaps."""
+    metrics = metrics_table(config, run.suite, run.jobs, factories, pool)
     comparisons = compare(metrics, config.sellers, resamples=config.resamples, seed=config.seed)
     comparisons = with_references(comparisons, metrics, run.references, resamples=config.resamples, seed=config.seed)
     comparisons.write_parquet(config.out / "comparisons.parquet")
@@ -407,7 +461,9 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
     run = plan_run(config, factories)
     with exclusive_run(config.out, f"nego eval --out {config.out}"):
         write_manifest(config, run)
-        played = asyncio.run(play(config, factories, run.jobs))
-        result = summarize(config, run, factories, played)
+        # one pool for the run: it plays the negotiations, then finds their optimality gaps
+        with worker_pool(config, factories) or contextlib.nullcontext() as pool:
+            played = asyncio.run(play(config, factories, run.jobs, pool))
+            result = summarize(config, run, factories, played, pool)
     warn_of_errors(result)
     return result

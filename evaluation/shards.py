@@ -17,6 +17,7 @@ directory, never from its return value.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import time
@@ -34,7 +35,17 @@ from nego.market.transcripts import TranscriptWriter, read_negotiations
 
 from . import launchers
 from .config import EvalConfig, ShardConfig
-from .runner import EvalResult, PlannedJob, RunPlan, plan_run, play, summarize, warn_of_errors, write_manifest
+from .runner import (
+    EvalResult,
+    PlannedJob,
+    RunPlan,
+    plan_run,
+    play,
+    summarize,
+    warn_of_errors,
+    worker_pool,
+    write_manifest,
+)
 
 SHARDS = "shards"
 """The folder of ``OUT`` that holds the shards' run directories (and, by default, the launcher's ``jobs/``)."""
@@ -114,7 +125,8 @@ def play_shard_job(directory: Path, config: EvalConfig, jobs: Sequence[PlannedJo
             error_log.unlink(missing_ok=True)
             try:
                 set_threads(config.threads)
-                played = asyncio.run(play(config, factories, jobs))
+                with worker_pool(config, factories) or contextlib.nullcontext() as pool:
+                    played = asyncio.run(play(config, factories, jobs, pool=pool))
             except Exception as e:
                 launchers.write_error_log(directory, e)
                 summary = launchers.error_summary(directory)
@@ -176,7 +188,8 @@ def evaluate_sharded(
         played = merge(shards, run, config.out)
         if failed:
             raise ShardsFailed(failed, len(shards))
-        result = summarize(config, run, factories, played)
+        with worker_pool(config, factories) or contextlib.nullcontext() as pool:  # the gaps, on this machine
+            result = summarize(config, run, factories, played, pool)
     warn_of_errors(result)
     return result
 

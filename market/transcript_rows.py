@@ -235,7 +235,9 @@ def _usage(row: Mapping[str, Any], prefix: str = "") -> Usage | None:
 
 
 def _offer(text: str | None) -> Offer | None:
-    return None if text is None else Offer(json.loads(text))
+    """The offer a transcript's JSON text holds; it keeps that text, so writing it again (or packing it for a worker)
+    does not encode it anew."""
+    return None if text is None else Offer.encoded(json.loads(text), text)
 
 
 def _turn(row: Mapping[str, Any]) -> Turn:

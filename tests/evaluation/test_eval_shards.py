@@ -223,10 +223,10 @@ def test_a_sharded_rerun_of_an_unsharded_run_plays_what_an_unsharded_rerun_plays
 def test_a_failed_shard_is_named_with_its_log_and_no_traceback(tmp_path, tiny_suite_path, monkeypatch):
     real = shards_module.play
 
-    async def play(config, factories, jobs):
+    async def play(config, factories, jobs, pool=None):
         if config.out.name == "2-of-2":
             raise RuntimeError("CUDA out of memory while loading the seller")
-        return await real(config, factories, jobs)
+        return await real(config, factories, jobs, pool=pool)
 
     monkeypatch.setattr(shards_module, "play", play)
     out = tmp_path / "run"

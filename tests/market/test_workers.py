@@ -253,11 +253,18 @@ def test_a_simulation_on_two_workers_writes_the_transcripts_of_one_process(tmp_p
     assert one.days.equals(two.days)  # the same deals settled in the same order
 
 
-def test_an_evaluation_on_two_workers_writes_the_transcripts_and_statistics_of_one_process(tmp_path):
+def test_an_evaluation_on_two_workers_writes_the_transcripts_and_statistics_of_one_process(tmp_path, monkeypatch):
     base = EvalConfig(sellers=("boulware", "linear"), suite="eval-dev", out=tmp_path / "one", resamples=1000)
     one = evaluate(base)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("an optimality gap was replayed in the parent")
+
+    # the workers find the gaps (replaying each negotiation many times): this process never replays one
+    monkeypatch.setattr("nego.evaluation.runner.best_response_value", not_here)
     two = evaluate(replace(base, workers=2, out=tmp_path / "two"))
     assert one.played == two.played > 0
+    assert two.metrics["optimality_gap"].drop_nulls().len() > 0
     for a, b in zip(tables(tmp_path / "one" / "transcripts"), tables(tmp_path / "two" / "transcripts"), strict=True):
         assert a.equals(b)
     timing = [c for c in TIMING_COLUMNS if c in one.metrics.columns]
