@@ -30,6 +30,7 @@ from nego.market.packing import PackedResult, pack_result, unpack_result
 from nego.market.rates import deal_rate_expr
 from nego.market.transcript_rows import results_from_tables
 from nego.market.transcripts import TranscriptWriter, read_negotiations, read_turns
+from nego.market.types import NegotiationResult
 from nego.market.workers import WorkerPool, run_map
 
 from .best_response import best_response_value
@@ -163,8 +164,8 @@ async def play(
         return writer.written
 
 
-GapItem = tuple[Job, PackedResult]
-"""One negotiation whose gap is to be found: its job and its result, packed to cross to a worker."""
+GapItem = tuple[Job, NegotiationResult | PackedResult]
+"""One negotiation whose gap is to be found: its job and its result (packed to cross to a worker)."""
 
 
 def _gaps(
@@ -183,7 +184,7 @@ def _gaps(
         job = jobs[nid].job
         if getattr(market.factory(job.buyer), "kind", None) != "rule" or result.outcome.end_reason.value == "error":
             continue
-        items.append((job, pack_result(result)))
+        items.append((job, result if pool is None else pack_result(result)))
     batches = [items[i : i + GAP_BATCH] for i in range(0, len(items), GAP_BATCH)]
     values = [v for batch in run_map(partial(gaps_of, factories), batches, pool) for v in batch]
     return {job.negotiation_id: value for (job, _), value in zip(items, values, strict=True)}
@@ -199,8 +200,8 @@ def gaps_of(factories: FactorySource, items: Sequence[GapItem]) -> list[float]:
 
     async def gaps() -> list[float]:
         out = []
-        for job, packed in items:
-            result = unpack_result(packed)
+        for job, sent in items:
+            result = sent if isinstance(sent, NegotiationResult) else unpack_result(sent)
             score = result.outcome.seller_utility
             value = await best_response_value(job.scenario, market.factory(job.buyer), job.seed, result.turns, score)
             out.append(value - score)

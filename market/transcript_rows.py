@@ -240,21 +240,49 @@ def _offer(text: str | None) -> Offer | None:
     return None if text is None else Offer.encoded(json.loads(text), text)
 
 
-def _turn(row: Mapping[str, Any]) -> Turn:
-    action = Action(
-        ActionKind(row["kind"]), _offer(row["offer"]), row["message"], row["raw"], row["error"], _usage(row)
-    )
-    return Turn(
-        row["index"],
-        row["round"],
-        Role(row["role"]),
-        row["try"],
-        action,
-        row["valid"],
-        row["feedback"],
-        row["utility_seller"],
-        row["utility_buyer"],
-    )
+_ROLES = {r.value: r for r in Role}
+_KINDS = {k.value: k for k in ActionKind}
+_TURN_READ = (
+    "negotiation_id",
+    "index",
+    "round",
+    "role",
+    "try",
+    "kind",
+    "offer",
+    "message",
+    "raw",
+    "error",
+    "valid",
+    "feedback",
+    "utility_seller",
+    "utility_buyer",
+    *_USAGE,
+    "calls",
+)
+"""The turns-table columns a result is rebuilt from, in the order :func:`results_from_tables` reads them."""
+
+
+def _turns_by_id(turns: pl.DataFrame) -> dict[str, list[Turn]]:
+    """Each negotiation's turns, in order, rebuilt from its rows (read as tuples: a dict per row costs more than the
+    turn itself). An offer text that several turns repeat becomes one offer, as in the negotiation that was played."""
+    by_id: dict[str, list[Turn]] = {}
+    offers: dict[str, Offer] = {}
+    rows = turns.sort("negotiation_id", "attempt", "index").select(_TURN_READ).iter_rows()
+    for nid, index, round_, role, attempt, kind, text, message, raw, error, valid, feedback, us, ub, *usage in rows:
+        offer = None
+        if text is not None:
+            offer = offers.get(text)
+            if offer is None:
+                offer = offers[text] = _offer(text)
+        action = Action(_KINDS[kind], offer, message, raw, error, None if usage[-1] is None else Usage(*usage))
+        turn = Turn(index, round_, _ROLES[role], attempt, action, valid, feedback, us, ub)
+        turns_of = by_id.get(nid)
+        if turns_of is None:
+            by_id[nid] = [turn]
+        else:
+            turns_of.append(turn)
+    return by_id
 
 
 def outcome_from_row(row: Mapping[str, Any]) -> Outcome:
@@ -278,9 +306,7 @@ def outcome_from_row(row: Mapping[str, Any]) -> Outcome:
 def results_from_tables(negotiations: pl.DataFrame, turns: pl.DataFrame) -> dict[str, NegotiationResult]:
     """Rebuild :class:`NegotiationResult` objects from transcript rows, keyed by negotiation id (one attempt
     per id expected: pass latest attempts)."""
-    by_id: dict[str, list[Turn]] = {}
-    for row in turns.sort("negotiation_id", "attempt", "index").iter_rows(named=True):
-        by_id.setdefault(row["negotiation_id"], []).append(_turn(row))
+    by_id = _turns_by_id(turns)
     return {
         r["negotiation_id"]: NegotiationResult(
             r["scenario_id"],
