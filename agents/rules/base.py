@@ -12,7 +12,7 @@ import numpy as np
 from nego.market.types import Action, ActionKind, Observation, Offer
 from nego.scenarios.scenario import ScenarioView
 
-from .search import Index, OutcomeSpace
+from .search import Index, OutcomeSpace, shared_space
 
 EPS = 1e-9
 """Utility tolerance: offers clear the reservation value by EPS (so float rounding never puts one below it) and
@@ -60,7 +60,7 @@ class RuleNegotiator:
         """The own outcome space of this negotiation, computed on first use."""
         if obs.scenario is not self._view or self._space is None:
             self._view = obs.scenario
-            self._space = OutcomeSpace(obs.scenario.issues, obs.scenario.preferences)
+            self._space = shared_space(obs.scenario.issues, obs.scenario.preferences)
             self.start(obs)
         return self._space
 

@@ -126,10 +126,15 @@ class Candidates:
     utility: np.ndarray
 
 
+_MAX_SEEN = 1 << 14
+"""Offers an outcome space remembers (scored, or decoded by index) before it starts again."""
+
+
 class OutcomeSpace:
     """One side's utilities over the grid outcomes of a scenario, with exact nearest-above queries.
 
-    Built once per negotiation (cost ~ the sum, not the product, of the two groups' sizes).
+    Built once per issues tuple and preferences object (cost ~ the sum, not the product, of the two groups' sizes) and
+    shared by the negotiators that use them (:func:`shared_space`): what it holds besides the utilities are caches.
     """
 
     def __init__(self, issues: tuple[Issue, ...], preferences: Preferences) -> None:
@@ -162,9 +167,11 @@ class OutcomeSpace:
         return float(self._a[index[0]] + self._b[index[1]])
 
     def offer(self, index: Index) -> Offer:
-        """The outcome at ``index`` as an offer; the same object each time it is asked for."""
+        """The outcome at ``index`` as an offer (the layout's: the same object while its table holds it)."""
         offer = self._offers.get(index)
         if offer is None:
+            if len(self._offers) >= _MAX_SEEN:
+                self._offers.clear()
             offer = self._offers[index] = self._layout.offer(index)
         return offer
 
@@ -181,6 +188,8 @@ class OutcomeSpace:
         if seen is not None:
             return seen[1]
         u = self._score(offer.as_mapping())
+        if len(self._seen) >= _MAX_SEEN:  # a space serves many negotiations: what it remembers stays bounded
+            self._seen.clear()
         self._seen[id(offer)] = (offer, u)  # keeps the offer alive, so its id is not reused meanwhile
         return u
 
@@ -247,3 +256,23 @@ class OutcomeSpace:
             return None
         k = round((float(value) - issue.low) / issue.step)
         return k if 0 <= k < issue.size else None
+
+
+_SPACES: dict[tuple[int, int], tuple[tuple[Issue, ...], Preferences, OutcomeSpace]] = {}
+_MAX_SPACES = 64
+
+
+def shared_space(issues: tuple[Issue, ...], preferences: Preferences) -> OutcomeSpace:
+    """The outcome space of ``preferences`` over ``issues``, made once for this issues tuple and preferences object
+    (both immutable) and shared by every negotiator that asks: the negotiations of a scenario, played again and again
+    in an evaluation, a market day or the replays of an optimality gap, build it once. Kept by the objects' identities
+    (the entry holds both, so their ids are not reused meanwhile); a full table starts again."""
+    key = (id(issues), id(preferences))
+    hit = _SPACES.get(key)
+    if hit is not None and hit[0] is issues and hit[1] is preferences:
+        return hit[2]
+    if len(_SPACES) >= _MAX_SPACES:
+        _SPACES.clear()
+    space = OutcomeSpace(issues, preferences)
+    _SPACES[key] = (issues, preferences, space)
+    return space

@@ -143,3 +143,36 @@ def test_a_full_offer_table_starts_again_and_each_space_keeps_its_offers(monkeyp
     assert all(space.offer(index) is offer for index, offer in zip(indices, first, strict=True))
     assert all(dict(offer) in outcomes for offer in first)
     assert [space.offer_action(index).offer for index in indices] == first
+
+
+def test_negotiators_of_one_scenario_share_one_space_and_others_get_their_own():
+    from nego.agents.rules.search import shared_space
+
+    space, _outcomes, _utils = space_for(5, 3)
+    issues = space.issues
+    prefs = Preferences(dict(zip(space._layout.names, (0.2, 0.3, 0.5), strict=True)), _values(issues), 0.1)
+    one = shared_space(issues, prefs)
+    assert shared_space(issues, prefs) is one
+    equal = Preferences(dict(prefs.weights), dict(prefs.values), prefs.reservation)
+    assert equal == prefs and shared_space(issues, equal) is not one  # kept by identity: an equal copy builds anew
+    assert shared_space(tuple(issues), prefs) is one and shared_space(tuple(list(issues)), prefs) is not one
+
+
+def test_what_a_space_remembers_of_the_offers_it_scored_stays_bounded(monkeypatch):
+    from nego.agents.rules import search
+    from nego.market.types import Offer
+
+    monkeypatch.setattr(search, "_MAX_SEEN", 4)
+    space, outcomes, utils = space_for(7, 3)
+    for outcome, u in zip(outcomes[:20], utils[:20], strict=True):
+        assert space.utility_of(Offer(outcome)) == u  # a fresh offer object each time, as a model's parse makes
+        assert len(space._seen) <= 4
+
+
+def _values(issues):
+    return {
+        issue.name: ValueFunction.options({o: 0.5 for o in issue.options})
+        if issue.options
+        else ValueFunction.increasing()
+        for issue in issues
+    }
