@@ -77,6 +77,9 @@ class _Layout:
         self.offers: dict[Index, Offer] = {}
         self.actions: dict[Index, Action] = {}
 
+    def __deepcopy__(self, memo: dict) -> _Layout:
+        return self  # shared by every space over its issues tuple: a copied negotiator shares it too
+
     def offer_action(self, index: Index) -> Action:
         action = self.actions.get(index)
         if action is None:
@@ -157,6 +160,9 @@ class OutcomeSpace:
         self.worst = float(a.min() + self._bs[0])
         self._floor_cache: tuple[float, np.ndarray, np.ndarray] | None = None
         self._offers: dict[Index, Offer] = {}
+
+    def __deepcopy__(self, memo: dict) -> OutcomeSpace:
+        return self  # shared (see :func:`shared_space`): a copied negotiator uses the same space
 
     @property
     def size(self) -> int:

@@ -8,14 +8,16 @@ import numpy as np
 import polars as pl
 import pytest
 from nego.agents.registry import resolve
-from nego.evaluation.best_response import best_response_value, optimality_gap
+from nego.evaluation.best_response import _advance, best_response_value, optimality_gap
 from nego.evaluation.metrics import ZoneFacts, compute_metrics, normalised_nash, pareto_distance, surplus_share
-from nego.market.marketplace import Job, Marketplace
+from nego.market.marketplace import Job, Marketplace, child_seeds
+from nego.market.protocol import ProtocolConfig
 from nego.market.transcript_rows import negotiation_row
 from nego.scenarios.analysis import analyse, offer_at, utilities
 from nego.scenarios.scenario import Role
 
 from tests.conftest import make_widget_scenario
+from tests.market.fakes import Factory
 
 
 @pytest.fixture
@@ -101,3 +103,53 @@ def test_best_response_against_a_walker_is_accepted_on_replay():
     a = analyse(sc)
     assert np.isclose(a.pareto_utilities[:, 0], value).any() or value == result.outcome.seller_utility
     assert offer_at(sc, int(a.pareto_indices[0])) is not None
+
+
+BUYERS = [
+    "walker",
+    "picky",
+    "hardliner:accept=0.7",
+    "boulware",
+    "conceder",
+    "tft",
+    "random",
+    "reciprocal",
+    "outside",
+    "hazard",
+    "deadline",
+    "timedep:e=1,patience=0.5",
+]
+
+
+@pytest.mark.parametrize("buyer", BUYERS)
+def test_probing_copies_of_the_advanced_buyer_finds_what_full_replays_find(buyer):
+    # every rule buyer, against sellers that concede, hold out, move at random and make invalid attempts (retried
+    # with feedback, so the record holds attempts the buyer never sees), both openers, several seeds
+    sellers = {"boulware": resolve("boulware"), "conceder": resolve("conceder"), "random": resolve("random")}
+    sellers["clumsy"] = Factory("clumsy", invalid_first=True)
+    factories = {**sellers, buyer: resolve(buyer)}
+    sc = make_widget_scenario(max_rounds=8)
+    jobs = [
+        Job(sc.with_opener(opener), seller, buyer, seed)
+        for opener in (Role.SELLER, Role.BUYER)
+        for seller in sellers
+        for seed in range(3)
+    ]
+    results = asyncio.run(Marketplace(factories).run(jobs))
+
+    async def values(fast):
+        return [
+            await best_response_value(
+                job.scenario, factories[buyer], job.seed, r.turns, r.outcome.seller_utility, fast=fast
+            )
+            for job, r in zip(jobs, results, strict=True)
+        ]
+
+    assert any(not t.valid for r in results for t in r.turns)
+    assert asyncio.run(values(True)) == asyncio.run(values(False))
+    config = ProtocolConfig()
+    followed = [
+        asyncio.run(_advance(job.scenario, factories[buyer], child_seeds(job.seed)[1], r.turns, config))
+        for job, r in zip(jobs, results, strict=True)
+    ]
+    assert all(f is not None for f in followed)  # the buyer followed every record: its copies answer the probes
