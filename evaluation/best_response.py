@@ -125,6 +125,8 @@ class _Buyers:
         reply_round = round_ if sc.opener is Role.SELLER else round_ + 1
         if reply_round > sc.max_rounds:  # the probe was the last move of the negotiation: no deal
             return False
+        if check_offer(sc, offer)[1] is not None:
+            return None  # a replay answers an illegal probe with feedback, then the seller walks away
         probe = PublicMove(round_, Role.SELLER, ActionKind.OFFER, offer, "")
         obs = Observation(self.view, (*history, probe), reply_round, offer, None, 0)
         action = await self.copy(buyer).act(obs)
