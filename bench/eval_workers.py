@@ -1,14 +1,15 @@
 """An evaluation on two worker processes against the same evaluation in one.
 
 Runs ``nego eval``'s ``evaluate`` on a frozen suite (``--suite``, eval-1152 by default) for rule-based sellers
-(``--sellers``; no reference sellers, so the arms are all that is played) at ``--workers 1`` and ``--workers 2``, arms
-alternating, each run in a fresh process into a fresh directory. Prints each run's wall seconds split into playing
-the negotiations and the rest (their metrics, of which the optimality gaps replay every negotiation with a rule buyer
-many times), the best and median of each arm, their ratio, and whether both arms wrote the same metrics (timing
-columns aside).
+(``--sellers``; no reference sellers unless ``--baselines default``, so the arms are all that is played) at
+``--workers 1`` and ``--workers 2``, arms alternating, each run in a fresh process into a fresh directory. Prints
+each run's wall seconds split into playing the negotiations and the rest (their metrics, of which the optimality gaps
+probe every negotiation with a rule buyer about a dozen times), the best and median of each arm, their ratio, and
+whether both arms wrote the same metrics (timing columns aside).
 
     python bench/eval_workers.py                       # tft and linear on eval-1152, 3 runs per arm
     python bench/eval_workers.py --sellers boulware --runs 2
+    python bench/eval_workers.py --sellers tft --baselines default --runs 1   # nego eval's default reference block
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 
-def one_run(sellers: tuple[str, ...], suite: str, workers: int, out: Path) -> dict:
+def one_run(sellers: tuple[str, ...], suite: str, baselines: str, workers: int, out: Path) -> dict:
     """One evaluation in this process: how long its play and its metrics took."""
     from nego.evaluation import runner
     from nego.evaluation.config import EvalConfig
@@ -38,7 +39,7 @@ def one_run(sellers: tuple[str, ...], suite: str, workers: int, out: Path) -> di
         return real_summarize(*args, **kwargs)
 
     runner.summarize = summarize  # the run's metrics start where its play ends
-    config = EvalConfig(sellers=sellers, suite=suite, baselines=(), workers=workers, out=out)
+    config = EvalConfig(sellers=sellers, suite=suite, baselines=baselines, workers=workers, out=out)
     start = time.perf_counter()
     result = runner.evaluate(config)
     end = time.perf_counter()
@@ -62,7 +63,7 @@ def same_metrics(a: Path, b: Path) -> bool:
 
 def child(args: argparse.Namespace, workers: int, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--child", str(workers), "--out", str(out)]
-    cmd += ["--sellers", args.sellers, "--suite", args.suite]
+    cmd += ["--sellers", args.sellers, "--suite", args.suite, "--baselines", args.baselines]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NEGO_HOME": str(out.parent / "home")}
     line = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
     return json.loads(line)
@@ -72,17 +73,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sellers", default="tft,linear")
     parser.add_argument("--suite", default="eval-1152")
+    parser.add_argument("--baselines", default="none", help="as nego eval --baselines (default: none)")
     parser.add_argument("--runs", type=int, default=3, help="runs per arm")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sellers = tuple(s for s in args.sellers.split(",") if s)
     if args.child is not None:
-        print(json.dumps(one_run(sellers, args.suite, args.child, args.out)))
+        print(json.dumps(one_run(sellers, args.suite, args.baselines, args.child, args.out)))
         return
     cpus = len(os.sched_getaffinity(0))
     print(f"machine: {platform.machine()}, {cpus} usable CPUs, python {platform.python_version()}")
-    print(f"workload: nego eval --sellers {args.sellers} --suite {args.suite} --baselines none")
+    print(f"workload: nego eval --sellers {args.sellers} --suite {args.suite} --baselines {args.baselines}")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         order = [1, 2] * args.runs
