@@ -6,6 +6,7 @@ and reads nothing but the :class:`Observation` it is handed.
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 
 import numpy as np
@@ -40,6 +41,11 @@ class Clock(StrEnum):
         return 1.0 if max_rounds <= 1 else min(1.0, (round_ - 1) / (max_rounds - 1))
 
 
+_AS_IS = frozenset({int, float, str, bool, type(None), ScenarioView, OutcomeSpace})
+"""Types a copied rule negotiator keeps as they are: immutable values, its view (a rule negotiator starts afresh on a
+view it does not know) and its outcome space (shared)."""
+
+
 class RuleNegotiator:
     """Base of the rule-based strategies: seeded RNG and the own outcome space, rebuilt for each new scenario view."""
 
@@ -66,6 +72,16 @@ class RuleNegotiator:
 
     def start(self, obs: Observation) -> None:
         """Hook: reset per-negotiation state when a new scenario view shows up."""
+
+    def __deepcopy__(self, memo: dict) -> RuleNegotiator:
+        """A copy that plays on exactly as this negotiator would from here (an optimality-gap probe asks copies): its
+        numbers, view and outcome space are immutable or shared and stay as they are; the rest is copied deeply."""
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        state = new.__dict__
+        for name, value in self.__dict__.items():
+            state[name] = value if type(value) in _AS_IS else copy.deepcopy(value, memo)
+        return new
 
     @staticmethod
     def hopeless(space: OutcomeSpace, rv: float) -> bool:

@@ -84,6 +84,15 @@ class _FrequencyModel:
         self.last: list[int | None] | None = None
         self.n = 0
 
+    def __deepcopy__(self, memo: dict) -> _FrequencyModel:
+        new = object.__new__(_FrequencyModel)
+        new.space = self.space  # shared
+        new.counts = [c.copy() for c in self.counts]
+        new.steady = self.steady.copy()
+        new.last = None if self.last is None else list(self.last)  # of ints and Nones
+        new.n = self.n
+        return new
+
     def update(self, offer: Offer) -> None:
         pos = [self.space.grid_position(i, offer.get(issue.name)) for i, issue in enumerate(self.space.issues)]
         for i, p in enumerate(pos):
