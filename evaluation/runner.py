@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -142,10 +142,15 @@ def read_manifest(directory: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def worker_pool(config: EvalConfig, factories: FactorySource) -> WorkerPool | None:
-    """The run's ``config.workers`` processes (they rebuild ``factories``: give a picklable resolver then), or None for
-    one; to be closed by the caller (a context manager)."""
-    return WorkerPool(config.workers, factories) if config.workers > 1 else None
+@contextlib.contextmanager
+def worker_pool(config: EvalConfig, factories: FactorySource) -> Iterator[WorkerPool | None]:
+    """The run's ``config.workers`` processes (they rebuild ``factories``: give a picklable resolver then), closed on
+    the way out; None for one process."""
+    if config.workers <= 1:
+        yield None
+        return
+    with WorkerPool(config.workers, factories) as pool:
+        yield pool
 
 
 async def play(
@@ -463,7 +468,7 @@ def evaluate(config: EvalConfig, factories: FactorySource | None = None) -> Eval
     with exclusive_run(config.out, f"nego eval --out {config.out}"):
         write_manifest(config, run)
         # one pool for the run: it plays the negotiations, then finds their optimality gaps
-        with worker_pool(config, factories) or contextlib.nullcontext() as pool:
+        with worker_pool(config, factories) as pool:
             played = asyncio.run(play(config, factories, run.jobs, pool))
             result = summarize(config, run, factories, played, pool)
     warn_of_errors(result)

@@ -17,7 +17,6 @@ directory, never from its return value.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import sys
 import time
@@ -125,7 +124,7 @@ def play_shard_job(directory: Path, config: EvalConfig, jobs: Sequence[PlannedJo
             error_log.unlink(missing_ok=True)
             try:
                 set_threads(config.threads)
-                with worker_pool(config, factories) or contextlib.nullcontext() as pool:
+                with worker_pool(config, factories) as pool:
                     played = asyncio.run(play(config, factories, jobs, pool=pool))
             except Exception as e:
                 launchers.write_error_log(directory, e)
@@ -188,7 +187,7 @@ def evaluate_sharded(
         played = merge(shards, run, config.out)
         if failed:
             raise ShardsFailed(failed, len(shards))
-        with worker_pool(config, factories) or contextlib.nullcontext() as pool:  # the gaps, on this machine
+        with worker_pool(config, factories) as pool:  # the gaps, on this machine
             result = summarize(config, run, factories, played, pool)
     warn_of_errors(result)
     return result
