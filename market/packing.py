@@ -15,19 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from nego.scenarios.scenario import Role
-
-from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
+from .types import KIND_OF, REASON_OF, ROLE_OF, Action, NegotiationResult, Offer, Outcome, Turn, Usage
 
 PackedResult = tuple[Any, ...]
 """What :func:`pack_result` makes: nested tuples of str, int, float, bool, None, and per offer its values (a dict)
 with its JSON text."""
 
 PackedOffer = tuple[dict[str, Any], str]
-
-_ROLES = {r.value: r for r in Role}
-_KINDS = {k.value: k for k in ActionKind}
-_REASONS = {r.value: r for r in EndReason}
 
 
 def _pack_usage(u: Usage | None) -> tuple[Any, ...] | None:
@@ -91,8 +85,8 @@ def _offer(pair: PackedOffer | None, offers: dict[int, Offer]) -> Offer | None:
 
 def _turn(packed: tuple[Any, ...], offers: dict[int, Offer]) -> Turn:
     index, round_, role, attempt, (kind, offer, message, raw, error, usage), valid, feedback, us, ub = packed
-    action = Action(_KINDS[kind], _offer(offer, offers), message, raw, error, _usage(usage))
-    return Turn(index, round_, _ROLES[role], attempt, action, valid, feedback, us, ub)
+    action = Action(KIND_OF[kind], _offer(offer, offers), message, raw, error, _usage(usage))
+    return Turn(index, round_, ROLE_OF[role], attempt, action, valid, feedback, us, ub)
 
 
 def unpack_result(packed: PackedResult) -> NegotiationResult:
@@ -101,13 +95,13 @@ def unpack_result(packed: PackedResult) -> NegotiationResult:
     reason, agreement, us, ub, rounds, n_turns, ended_by, inv_s, inv_b, forf_s, forf_b, error = o
     offers: dict[int, Offer] = {}  # ``packed`` keeps every dict alive, so no id is reused meanwhile
     outcome = Outcome(
-        _REASONS[reason],
+        REASON_OF[reason],
         _offer(agreement, offers),
         us,
         ub,
         rounds,
         n_turns,
-        None if ended_by is None else _ROLES[ended_by],
+        None if ended_by is None else ROLE_OF[ended_by],
         inv_s,
         inv_b,
         forf_s,

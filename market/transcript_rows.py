@@ -12,7 +12,7 @@ import polars as pl
 from nego.scenarios.scenario import Role
 
 from .marketplace import scenario_hash
-from .types import Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
+from .types import KIND_OF, ROLE_OF, Action, ActionKind, EndReason, NegotiationResult, Offer, Outcome, Turn, Usage
 
 if TYPE_CHECKING:
     from .marketplace import Job
@@ -240,8 +240,6 @@ def _offer(text: str | None) -> Offer | None:
     return None if text is None else Offer.encoded(json.loads(text), text)
 
 
-_ROLES = {r.value: r for r in Role}
-_KINDS = {k.value: k for k in ActionKind}
 _TURN_READ = (
     "negotiation_id",
     "index",
@@ -275,8 +273,8 @@ def _turns_by_id(turns: pl.DataFrame) -> dict[str, list[Turn]]:
             offer = offers.get(text)
             if offer is None:
                 offer = offers[text] = _offer(text)
-        action = Action(_KINDS[kind], offer, message, raw, error, None if usage[-1] is None else Usage(*usage))
-        turn = Turn(index, round_, _ROLES[role], attempt, action, valid, feedback, us, ub)
+        action = Action(KIND_OF[kind], offer, message, raw, error, None if usage[-1] is None else Usage(*usage))
+        turn = Turn(index, round_, ROLE_OF[role], attempt, action, valid, feedback, us, ub)
         turns_of = by_id.get(nid)
         if turns_of is None:
             by_id[nid] = [turn]

@@ -233,6 +233,12 @@ class EndReason(StrEnum):
     ERROR = "error"
 
 
+ROLE_OF = {r.value: r for r in Role}
+KIND_OF = {k.value: k for k in ActionKind}
+REASON_OF = {r.value: r for r in EndReason}
+"""Each enum member by its value, for rebuilding records from plain values (a dict lookup, not the enum's call)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How a negotiation ended. Without agreement, each side's utility is its reservation value."""
