@@ -4,7 +4,7 @@ Runs ``nego eval``'s ``evaluate`` on a frozen suite (``--suite``, eval-1152 by d
 (``--sellers``; no reference sellers unless ``--baselines default``, so the arms are all that is played) at
 ``--workers 1`` and ``--workers 2``, arms alternating, each run in a fresh process into a fresh directory. Prints
 each run's wall seconds split into playing the negotiations and the rest (their metrics, of which the optimality gaps
-probe every negotiation with a rule buyer about a dozen times), the best and median of each arm, their ratio, and
+probe every negotiation with a rule buyer many times), the best and median of each arm, their ratio, and
 whether both arms wrote the same metrics (timing columns aside).
 
     python bench/eval_workers.py                       # tft and linear on eval-1152, 3 runs per arm
