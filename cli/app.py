@@ -40,12 +40,12 @@ def agents() -> None:
 
     console = Console()
     for spec in known_specs():
-        console.print(spec, highlight=False)
+        console.print(spec, highlight=False, markup=False)
     entries = list_plugins(AGENT_GROUP, builtin_form)
     if not entries:
-        console.print(f"no plugin agents installed (entry-point group {AGENT_GROUP})", highlight=False)
+        console.print(f"no plugin agents installed (entry-point group {AGENT_GROUP})", highlight=False, markup=False)
         return
-    console.print(f"plugin agents (entry-point group {AGENT_GROUP}):", highlight=False)
+    console.print(f"plugin agents (entry-point group {AGENT_GROUP}):", highlight=False, markup=False)
     width = max(len(e.name) for e in entries)
     for e in entries:
         line = f"{e.name:<{width}}  {e.target}  from {e.distribution}"

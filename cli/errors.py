@@ -1,5 +1,10 @@
 """How commands report errors: ``error: ...`` lines, and the exit status of a command that plays negotiations (1 when
-none of them succeeded, saying why; a warning with the count when only some failed)."""
+none of them succeeded, saying why; a warning with the count when only some failed).
+
+What a command prints from outside nego (exception messages, scenario text, model replies, names, paths) is printed as
+it is: rich reads a word in square brackets as markup, so unescaped ``add a [seller] table`` would print as ``add a
+table`` and a stray ``[/bold]`` would raise instead of printing. :func:`plain` escapes a piece of it for a line that
+also holds nego's own markup; table cells are :class:`rich.text.Text`, which rich never reads as markup."""
 
 from __future__ import annotations
 
@@ -16,10 +21,16 @@ SHOWN_MESSAGES = 3
 MESSAGE_CHARS = 300
 
 
+def plain(value: object) -> str:
+    """``value`` as text that a rich markup string prints as it is."""
+    return escape(str(value))
+
+
 def print_error(console: Console, message: str, **print_options: Any) -> None:
-    """``error: message`` in red (``message`` is rich markup: escape what must print as it is). Soft-wrapped: a long
-    path in it stays in one piece, so it can be copied, whatever the terminal's width."""
-    console.print(f"[red]error:[/] {message}", soft_wrap=True, **print_options)
+    """``error: message`` in red, the message printed as it is (exception messages name TOML tables such as
+    ``[seller]``). Soft-wrapped: a long path in it stays in one piece, so it can be copied, whatever the terminal's
+    width."""
+    console.print(f"[red]error:[/] {plain(message)}", soft_wrap=True, **print_options)
 
 
 def error_messages(negotiations: pl.DataFrame) -> list[tuple[str, int]]:
@@ -38,15 +49,15 @@ def exit_for_errors(negotiations: pl.DataFrame, console: Console, what: str = "n
     failed, total = sum(n for _, n in messages), negotiations.height
     if not failed:
         return
-    lines = [f"  {n} x {escape(_short(m))}" for m, n in messages[:SHOWN_MESSAGES]]
+    lines = [f"  {n} x {plain(_short(m))}" for m, n in messages[:SHOWN_MESSAGES]]
     if len(messages) > SHOWN_MESSAGES:
         lines.append(f"  ... and {len(messages) - SHOWN_MESSAGES} other message(s)")
     detail = "\n".join(lines)
     if failed == total:
-        console.print(f"[red]error:[/] all {total} {what} ended in an error; nothing succeeded:\n{detail}")
+        console.print(f"[red]error:[/] all {total} {plain(what)} ended in an error; nothing succeeded:\n{detail}")
         raise typer.Exit(1)
     console.print(
-        f"[yellow]warning:[/] {failed} of {total} {what} ended in an error (rerun the same command to play them "
+        f"[yellow]warning:[/] {failed} of {total} {plain(what)} ended in an error (rerun the same command to play them "
         f"again):\n{detail}"
     )
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .config_options import config_options, given_values, parameters, signature
-from .errors import exit_for_errors, print_error
+from .errors import exit_for_errors, plain, print_error
 from .options import model_parameters, take_model_options
 from .tables import Layout
 
@@ -83,10 +83,8 @@ def eval_(
     from nego.evaluation.config import shard_config
     from nego.evaluation.runner import evaluate
     from nego.evaluation.shards import ShardsFailed, evaluate_sharded
-    from rich.markup import escape
 
     console = _console()
-    sharded = shards is not None or launcher is not None or launcher_config is not None
     try:
         sharding = shard_config(shards, launcher, launcher_config)
         model, per_kind = take_model_options(values)
@@ -106,17 +104,17 @@ def eval_(
             echo = functools.partial(console.print, highlight=False, markup=False)
             result = evaluate_sharded(config, sharding, factories, echo=echo)
     except ShardsFailed as e:
-        print_error(console, escape(str(e)), highlight=False)
+        print_error(console, str(e), highlight=False)
         raise typer.Exit(1) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        print_error(console, escape(str(e)) if sharded else str(e))  # messages name the [launcher] table
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     s = result.suite
     title = (
         f"suite {s.name} (hash {s.content_hash()}), {len(s.slots())} negotiations per arm over "
         f"{len(s.scenarios)} scenarios; played now: {result.played}"
     )
-    console.print(title, highlight=False)
+    console.print(title, highlight=False, markup=False)
     if result.references:
         console.print(
             f"reference sellers on the same negotiations: {', '.join(result.references)}; "
@@ -130,8 +128,8 @@ def eval_(
     from nego.evaluation.leakage import warning_lines
 
     for line in warning_lines(result.trained_against_held_out):
-        console.print(f"[yellow]warning:[/yellow] {line}")
-    console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}")
+        console.print(f"[yellow]warning:[/yellow] {plain(line)}")
+    console.print(f"metrics: {config.out / 'metrics.parquet'}; report: nego report {config.out}", markup=False)
     arms = result.metrics.filter(pl.col("arm").is_in(config.sellers))  # the exit status speaks of the arms
     exit_for_errors(_latest_attempts(config.out, arms), console, "negotiations")
 
@@ -189,7 +187,7 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print_error(console, str(e))
         raise typer.Exit(2) from None
-    console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}")
+    console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}", markup=False)
 
 
 def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values: Any) -> None:
@@ -198,7 +196,6 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
 
     from nego.evaluation.config import load_sweep_config
     from nego.evaluation.sweep import SweepIncomplete, run_sweep
-    from rich.markup import escape
 
     console = _console()
     try:
@@ -210,7 +207,7 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
         console.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1 if e.failed else 0) from None
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        print_error(console, escape(str(e)))  # messages name TOML tables: [sweep.launcher]
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p
 
@@ -227,7 +224,7 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
         for r in study.iter_rows(named=True)
     ]
     console.print(Layout.of(headers, rows, names=4).table(f"gain over base ({cfg.suite})", title_justify="left"))
-    console.print(f"study: {cfg.out / 'study.md'}")
+    console.print(f"study: {cfg.out / 'study.md'}", markup=False)
 
 
 SWEEP_OPTIONS = config_options(SweepConfig, optional=("out",))

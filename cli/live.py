@@ -30,7 +30,9 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
+from .errors import plain
 from .tables import Layout
 
 MAX_ROWS = 12
@@ -79,7 +81,7 @@ def learning_table(watch: MarketWatch, last: int = 6) -> Table:
         f"{u.report.pending} group(s) waiting)"
         for spec, u in watch.learners.items()
     ]
-    table.caption = "; ".join(updates)
+    table.caption = Text("; ".join(updates), style="table.caption")
     return table
 
 
@@ -142,7 +144,13 @@ class MarketWatch:
         return self.done / max(1e-9, time.perf_counter() - self.started)
 
 
-def _ongoing_cells(row: _Ongoing) -> tuple[str, ...]:
+def _ongoing_cells(row: _Ongoing) -> tuple[Text, ...]:
+    """A row of the table of negotiations in progress; its cells are printed as they are (names, scenario ids and
+    offer values come from outside nego)."""
+    return tuple(map(Text, _ongoing_texts(row)))
+
+
+def _ongoing_texts(row: _Ongoing) -> tuple[str, ...]:
     job, last = row.job, row.last
     if last is None:
         return (f"{job.seller} vs {job.buyer}", job.scenario.id, "0", "", "-", "-")
@@ -165,12 +173,13 @@ def _ongoing_cells(row: _Ongoing) -> tuple[str, ...]:
 
 def _ticker_line(event: NegotiationEnded) -> str:
     job, o = event.job, event.result.outcome
+    pair = f"{plain(job.seller)} vs {plain(job.buyer)}"
     if event.kind is EndKind.ERROR:
-        return f"[red]error[/] {job.seller} vs {job.buyer}: {o.error}"
+        return f"[red]error[/] {pair}: {plain(o.error)}"
     deal = o.agreement.describe() if o.agreement is not None else ""
     return (
-        f"[green]deal[/] {job.seller} vs {job.buyer} on {job.scenario.id} "
-        f"(u_s={o.seller_utility:.2f}, u_b={o.buyer_utility:.2f}): {deal}"
+        f"[green]deal[/] {pair} on {plain(job.scenario.id)} "
+        f"(u_s={o.seller_utility:.2f}, u_b={o.buyer_utility:.2f}): {plain(deal)}"
     )
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .errors import print_error
 
@@ -49,15 +50,17 @@ def models(
         print_error(console, str(e))
         raise typer.Exit(2) from None
     if not entries:
-        console.print(f"no models registered in {registry_path()}; `nego train` builds and registers tiny and tiny-rl")
+        line = f"no models registered in {registry_path()}; `nego train` builds and registers tiny and tiny-rl"
+        console.print(line, markup=False)
         return
-    table = Table(title=f"Registered models ({registry_path()})")
+    table = Table(title=Text(f"Registered models ({registry_path()})", style="table.title"))
     for col in ("name", "format", "base", "steps", "dev utility / deals", "created"):
         table.add_column(col, justify="right" if col == "steps" else "left")
     for e in entries:
         steps = str(e.steps) + (" (cut short)" if e.config.get("cut_short") else "")
-        table.add_row(e.name, e.format, e.base or "-", steps, _dev_summary(e), e.created[:16].replace("T", " "))
+        cells = (e.name, e.format, e.base or "-", steps, _dev_summary(e), e.created[:16].replace("T", " "))
+        table.add_row(*map(Text, cells))
     console.print(table)
     width = max(len(e.name) for e in entries)
     for e in entries:
-        console.print(f"{e.name:<{width}}  {e.path}", highlight=False, soft_wrap=True)
+        console.print(f"{e.name:<{width}}  {e.path}", highlight=False, markup=False, soft_wrap=True)

@@ -15,6 +15,9 @@ from nego.scenarios.issues import IssueKind
 from nego.scenarios.scenario import Role, Scenario
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from .errors import plain
 
 app = typer.Typer(help="Scenarios: product categories, built-in examples, analysis and a seeded generator.")
 
@@ -36,13 +39,14 @@ def list_cmd() -> None:
     for col in ("category", "segment", "product", "issues (first 3 always, the rest drawn)"):
         cats.add_column(col)
     for c in CATEGORIES:
-        cats.add_row(c.name, c.segment, c.product, ", ".join(s.name for s in c.issues))
+        cats.add_row(*map(Text, (c.name, c.segment, c.product, ", ".join(s.name for s in c.issues))))
     console.print(cats)
     examples = Table(title="Built-in scenarios (nego scenarios show ID)")
     for col in ("id", "file", "product", "outcomes", "zone of agreement"):
         examples.add_column(col)
     for name, s in builtin_scenarios():
-        examples.add_row(s.id, name, s.product, f"{s.outcome_count:,}", "yes" if s.zopa else "no (by design)")
+        zopa = "yes" if s.zopa else "no (by design)"
+        examples.add_row(*map(Text, (s.id, name, s.product, f"{s.outcome_count:,}", zopa)))
     console.print(examples)
 
 
@@ -70,18 +74,18 @@ def show_cmd(
     try:
         scenario = resolve(ref)
     except ScenarioFileError as e:
-        _console().print(f"[red]{e}[/red]", markup=True, highlight=False)
+        _console().print(f"[red]{plain(e)}[/red]", highlight=False)
         raise typer.Exit(1) from None
     console = _console()
-    console.print(f"[bold]{scenario.id}[/bold] ({scenario.category}): {scenario.product}")
-    console.print(scenario.context, highlight=False)
+    console.print(f"[bold]{plain(scenario.id)}[/bold] ({plain(scenario.category)}): {plain(scenario.product)}")
+    console.print(scenario.context, highlight=False, markup=False)
     console.print(f"max rounds {scenario.max_rounds}, {scenario.opener} opens, {scenario.outcome_count:,} outcomes")
     console.print(_issues_table(scenario))
     for role in (Role.SELLER, Role.BUYER):
         console.print(_side_table(scenario, role))
         brief = scenario.seller_brief if role is Role.SELLER else scenario.buyer_brief
         if brief:
-            console.print(f"[dim]{role} brief (private):[/dim] {brief}", highlight=False)
+            console.print(f"[dim]{role} brief (private):[/dim] {plain(brief)}", highlight=False)
     console.print(_analysis_table(scenario))
 
 
@@ -92,7 +96,7 @@ def _issues_table(scenario: Scenario) -> Table:
     for i in scenario.issues:
         categorical = i.kind is IssueKind.CATEGORICAL
         values = ", ".join(i.options) if categorical else f"{i.low} .. {i.high} step {i.step}"
-        table.add_row(i.name, i.kind.value, values, i.unit, i.description)
+        table.add_row(*map(Text, (i.name, i.kind.value, values, i.unit, i.description)))
     return table
 
 
@@ -107,7 +111,7 @@ def _side_table(scenario: Scenario, role: Role) -> Table:
             wants = ", ".join(f"{k}={v:g}" for k, v in sorted(vf.table, key=lambda kv: -kv[1]))
         else:
             wants = str(vf.direction.value if vf.direction else "")
-        table.add_row(i.name, f"{prefs.weights[i.name]:.3f}", wants)
+        table.add_row(Text(i.name), f"{prefs.weights[i.name]:.3f}", Text(wants))
     return table
 
 
@@ -119,7 +123,8 @@ def _analysis_table(scenario: Scenario) -> Table:
     table.add_row("zone of agreement", f"{'yes' if a.zopa else 'no'} ({a.zopa_size:.1%} of outcomes)")
     if a.nash_index is not None and a.nash_utilities is not None:
         u_s, u_b = a.nash_utilities
-        table.add_row("Nash point", f"seller {u_s:.3f}, buyer {u_b:.3f}: {offer_at(scenario, a.nash_index).describe()}")
+        nash = offer_at(scenario, a.nash_index).describe()
+        table.add_row("Nash point", Text(f"seller {u_s:.3f}, buyer {u_b:.3f}: {nash}"))
     else:
         table.add_row("Nash point", "none (no zone of agreement)")
     table.add_row("max joint utility", f"{a.max_joint_utility:.3f}")
@@ -146,4 +151,4 @@ def generate_cmd(
     scenarios = generate_scenarios(n, seed, category=category, opposition=opposition, zopa=not no_zopa)
     for s in scenarios:
         save_scenario(s, out / f"{s.id}.{fmt.value}")
-    _console().print(f"wrote {len(scenarios)} scenarios to {out} ({fmt.value})", highlight=False)
+    _console().print(f"wrote {len(scenarios)} scenarios to {out} ({fmt.value})", highlight=False, markup=False)

@@ -110,9 +110,9 @@ def print_summary(result: SimulationResult, console: Console) -> None:
         console.print(table)
     if result.skipped:
         console.print(f"resumed: {result.skipped} negotiations were already complete on disk", highlight=False)
-    console.print(f"transcripts: negotiations/ and turns/ (Parquet) in {result.out_dir}", highlight=False)
+    console.print(f"transcripts: negotiations/ and turns/ (Parquet) in {result.out_dir}", highlight=False, markup=False)
     for name in result.registered:
-        console.print(f"registered {name}: the learning seller's final policy", highlight=False)
+        console.print(f"registered {name}: the learning seller's final policy", highlight=False, markup=False)
 
 
 def _table(

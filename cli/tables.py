@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 GAP = 2
 """Characters between two columns (one of padding, one of the borderless box's separator)."""
@@ -61,8 +62,10 @@ class Layout:
 
     def table(self, title: str, indices: Sequence[int] | None = None, **options: object) -> Table:
         """A table with a header rule and no borders, its columns sized for all of this layout's rows, holding the
-        rows at ``indices`` (default: all; a subset prints several tables with the same column widths)."""
-        table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), **options)  # type: ignore[arg-type]
+        rows at ``indices`` (default: all; a subset prints several tables with the same column widths). Cells and title
+        are printed as they are (a spec or a name may hold square brackets, which rich would read as markup)."""
+        heading = Text(title, style="table.title")
+        table = Table(title=heading, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), **options)  # type: ignore[arg-type]
         for i, (header, least) in enumerate(zip(self.headers, self.least_widths(), strict=True)):
             if i < self.names:
                 table.add_column(header, justify="left", no_wrap=True, min_width=least)
@@ -72,5 +75,5 @@ class Layout:
             # the columns that can (rich would otherwise narrow it, then widen it back past the terminal)
             table.add_column(header, justify="right", overflow="fold", min_width=least, no_wrap=least == most)
         for i in range(len(self.rows)) if indices is None else indices:
-            table.add_row(*self.rows[i])
+            table.add_row(*map(Text, self.rows[i]))
         return table

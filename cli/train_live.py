@@ -136,7 +136,7 @@ class TrainWatch:
         table = Table(title="dev split (utility / deal rate), sampled as trained", title_justify="left")
         table.add_column("step", justify="right")
         for b in buyers:
-            table.add_column(b, justify="right")
+            table.add_column(Text(b), justify="right")  # a buyer spec, printed as it is
         for step in steps[-6:]:
             results = {r.buyer: r for r in self.dev[step].buyers}
             cells = [f"{r.mean_utility:.3f} / {r.deal_rate:.2f}" if (r := results.get(b)) else "-" for b in buyers]
