@@ -120,7 +120,7 @@ def write_manifest(config: EvalConfig, run: RunPlan) -> None:
         "trained_against_held_out": overlap,
     }
     if path.exists():
-        old = json.loads(path.read_text())
+        old = _manifest_at(path)
         if old.get("suite_hash") != manifest["suite_hash"]:
             raise ValueError(
                 f"{config.out} holds a run on suite {old.get('suite')} (hash {old.get('suite_hash')}); "
@@ -132,14 +132,32 @@ def write_manifest(config: EvalConfig, run: RunPlan) -> None:
                 f"with {manifest['play']}: choose another --out"
             )
     config.out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, path)  # whole or not at all: a run killed while writing it leaves the previous one
 
 
 def read_manifest(directory: Path) -> dict:
     path = Path(directory) / "run.json"
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not an evaluation run directory (no run.json): run `nego eval` first")
-    return json.loads(path.read_text())
+    return _manifest_at(path)
+
+
+def _manifest_at(path: Path) -> dict:
+    """The manifest in ``path``; one that is not a JSON object (edited, or cut short by an older version) is a
+    ValueError that says what to do."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        manifest = e
+    if not isinstance(manifest, dict):
+        detail = f" ({manifest})" if isinstance(manifest, Exception) else ""
+        raise ValueError(
+            f"{path} is not a run manifest{detail}: choose another --out, or delete {path.parent} to play the run "
+            "there afresh"
+        )
+    return manifest
 
 
 @contextlib.contextmanager

@@ -330,7 +330,11 @@ def load_suite(name_or_path: str) -> Suite:
         path = Path(name_or_path)
         if not path.is_file():
             raise ValueError(f"unknown suite {name_or_path!r}: use one of {', '.join(RECIPES)} or a suite JSON path")
-    return suite_from_dict(json.loads(path.read_text()), str(path))
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid suite file (not JSON: {e})") from None
+    return suite_from_dict(data, str(path))
 
 
 def problem_fingerprint(scenario: Scenario) -> str:

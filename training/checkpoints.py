@@ -13,6 +13,7 @@ Layout of a run directory::
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +29,9 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 def save_run_config(run_dir: Path, cfg: TrainConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     data = {k: v for k, v in asdict(cfg).items() if k != "resume"}
-    (run_dir / CONFIG_FILE).write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp = run_dir / f".{CONFIG_FILE}.tmp"
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, run_dir / CONFIG_FILE)  # whole or not at all: --resume reads it
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:
@@ -36,7 +39,12 @@ def load_run_config(run_dir: Path) -> TrainConfig:
     path = run_dir / CONFIG_FILE
     if not path.exists():
         raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it a training run directory?")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--resume {run_dir}: {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--resume {run_dir}: {path} does not hold a training config")
     return from_mapping({**data, "resume": str(run_dir)}, str(path))
 
 

@@ -125,3 +125,10 @@ def test_held_out_buyers_end_games_differ_from_the_training_pool():
     # picky never settles for a barely rational deal
     assert walks["timedep:e=0.5"] == walks["timedep:e=3"] == 0 and walks["walker"] >= len(jobs) // len(buyers) // 2
     assert thin_deals["timedep:e=0.5"] > 0 and thin_deals["timedep:e=3"] > 0 and thin_deals["picky"] == 0
+
+
+def test_a_suite_file_that_is_not_json_is_named_in_the_error(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text(suites.data_path("eval-dev").read_text()[:200])  # a copy cut short
+    with pytest.raises(ValueError, match=r"cut\.json: not a valid suite file \(not JSON"):
+        load_suite(str(path))
