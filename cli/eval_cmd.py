@@ -106,7 +106,7 @@ def eval_(
     except ShardsFailed as e:
         print_error(console, str(e), highlight=False)
         raise typer.Exit(1) from None
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
         print_error(console, str(e))
         raise typer.Exit(2) from None
     s = result.suite
@@ -184,7 +184,7 @@ def report(directory: Annotated[Path, typer.Argument(help="An evaluation run dir
     try:
         path = write_report(directory)
         man = load_run(directory).manifest
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         print_error(console, str(e))
         raise typer.Exit(2) from None
     console.print(f"suite {man['suite']} (hash {man['suite_hash']}); report written to {path}", markup=False)
@@ -206,7 +206,7 @@ def sweep(config: Path, launcher: str | None = None, wait: bool = True, **values
     except SweepIncomplete as e:
         console.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1 if e.failed else 0) from None
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
         print_error(console, str(e))
         raise typer.Exit(2) from None
     from nego.evaluation.report import format_interval, format_p

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .errors import plain
+from .errors import plain, print_error
 
 app = typer.Typer(help="Scenarios: product categories, built-in examples, analysis and a seeded generator.")
 
@@ -149,6 +149,10 @@ def generate_cmd(
     if category is not None and category not in category_names():
         raise typer.BadParameter(f"unknown category {category!r}; known: {', '.join(category_names())}")
     scenarios = generate_scenarios(n, seed, category=category, opposition=opposition, zopa=not no_zopa)
-    for s in scenarios:
-        save_scenario(s, out / f"{s.id}.{fmt.value}")
+    try:
+        for s in scenarios:
+            save_scenario(s, out / f"{s.id}.{fmt.value}")
+    except OSError as e:  # OUT is a file, or cannot be created or written
+        print_error(_console(), str(e))
+        raise typer.Exit(2) from None
     _console().print(f"wrote {len(scenarios)} scenarios to {out} ({fmt.value})", highlight=False, markup=False)

@@ -146,7 +146,7 @@ def simulate(**values: Any) -> None:
         set_threads(cfg.threads)
         use_live = console.is_terminal if live is None else live
         result = run_simulation(cfg, observer=ConsoleView(console, live=use_live and console.is_terminal))
-    except (ValueError, DirectoryBusy) as e:
+    except (ValueError, DirectoryBusy, OSError) as e:  # OSError: an --out it cannot create or write, a full disk
         print_error(console, str(e))
         raise typer.Exit(2) from None
     print_summary(result, console)

@@ -45,7 +45,7 @@ def train(**kwargs: Any) -> None:
             result = _run_live(run, cfg, console)
         else:
             result = run(cfg, echo=typer.echo)
-    except (ConfigError, DirectoryBusy) as e:
+    except (ConfigError, DirectoryBusy, OSError) as e:  # OSError: an --out it cannot create or write, a full disk
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     typer.echo(
