@@ -35,6 +35,11 @@ MAX_REPLY_BYTES = 1 << 20
 """Largest reply read from a server (an action takes a few hundred bytes)."""
 
 
+NOT_RETRIED = frozenset({501, 505})
+"""Server errors that say the request itself will never be served (no such method or route, an HTTP version it does
+not speak): asking again only makes the user wait."""
+
+
 class RemoteAgentError(NegotiatorError):
     """The remote agent could not be reached, or refused the request, after every retry."""
 
@@ -115,7 +120,7 @@ class RemoteFactory:
             if status == 200:
                 return text
             last = f"HTTP {status}: {_reason(text)}"
-            if status < 500 and status not in (408, 429):
+            if status in NOT_RETRIED or (status < 500 and status not in (408, 429)):
                 raise RemoteAgentError(f"{self.url} refused the request ({last})")
         raise RemoteAgentError(f"{self.url} failed after {self.retries + 1} attempts ({last})")
 

@@ -426,6 +426,25 @@ async def test_oversized_or_hostile_error_replies_end_the_negotiation_as_an_erro
         assert result.outcome.end_reason is EndReason.ERROR and reason in result.outcome.error
 
 
+async def test_a_server_that_will_never_serve_the_request_is_asked_once():
+    calls = []
+
+    async def handler(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        return web.Response(status=501, text="Not Implemented")
+
+    runner, url = await serve_raw(handler)
+    remote = RemoteFactory(url, token=TOKEN, retries=2, backoff_s=0)
+    try:
+        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+    assert result.outcome.end_reason is EndReason.ERROR
+    assert "refused the request (HTTP 501: Not Implemented)" in result.outcome.error
+    assert calls == ["/act"]
+
+
 async def test_a_server_that_echoes_the_token_never_gets_it_into_moves_or_errors(monkeypatch):
     monkeypatch.setenv("NEGO_AGENT_TOKEN", TOKEN)
     replies = [
