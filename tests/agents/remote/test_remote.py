@@ -92,6 +92,18 @@ async def serve_raw(handler) -> tuple[web.AppRunner, str]:
     return await start(app)
 
 
+async def remote_seller_against(handler, seller_seed: int = 4, **options):
+    """The result of a widget negotiation whose seller is a remote agent served by ``handler`` (no backoff unless
+    ``options`` set one), against an in-process stepping buyer."""
+    runner, url = await serve_raw(handler)
+    remote = RemoteFactory(url, token=TOKEN, **{"backoff_s": 0, **options})
+    try:
+        return await run_negotiation(make_widget_scenario(), remote(Role.SELLER, seller_seed), Stepper(Role.BUYER, 0))
+    finally:
+        await remote.aclose()
+        await runner.cleanup()
+
+
 def summary(result):
     return result.outcome, [(t.role, t.action.kind, t.action.offer, t.action.message, t.valid) for t in result.turns]
 
@@ -225,13 +237,7 @@ async def test_malformed_replies_count_as_invalid_actions_with_feedback():
         status, text = replies.pop(0)
         return web.Response(status=status, text=text)
 
-    runner, url = await serve_raw(handler)
-    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
-    try:
-        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
-    finally:
-        await remote.aclose()
-        await runner.cleanup()
+    result = await remote_seller_against(handler)
     assert result.outcome.end_reason is EndReason.WALK_AWAY and result.outcome.invalid_seller == 2
     first, second = result.turns[:2]
     assert first.action.kind is ActionKind.INVALID and first.action.raw == "this is not json"
@@ -416,13 +422,7 @@ async def test_oversized_or_hostile_error_replies_end_the_negotiation_as_an_erro
         async def handler(request: web.Request, status=status, text=text) -> web.Response:
             return web.Response(status=status, text=text)
 
-        runner, url = await serve_raw(handler)
-        remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
-        try:
-            result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
-        finally:
-            await remote.aclose()
-            await runner.cleanup()
+        result = await remote_seller_against(handler, seller_seed=0)
         assert result.outcome.end_reason is EndReason.ERROR and reason in result.outcome.error
 
 
@@ -433,13 +433,7 @@ async def test_a_server_that_will_never_serve_the_request_is_asked_once():
         calls.append(request.path)
         return web.Response(status=501, text="Not Implemented")
 
-    runner, url = await serve_raw(handler)
-    remote = RemoteFactory(url, token=TOKEN, retries=2, backoff_s=0)
-    try:
-        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 0), Stepper(Role.BUYER, 0))
-    finally:
-        await remote.aclose()
-        await runner.cleanup()
+    result = await remote_seller_against(handler, retries=2)
     assert result.outcome.end_reason is EndReason.ERROR
     assert "refused the request (HTTP 501: Not Implemented)" in result.outcome.error
     assert calls == ["/act"]
@@ -456,24 +450,12 @@ async def test_a_server_that_echoes_the_token_never_gets_it_into_moves_or_errors
         status, text = replies.pop(0)
         return web.Response(status=status, text=text)
 
-    runner, url = await serve_raw(handler)
-    remote = RemoteFactory(url, token=TOKEN, backoff_s=0)
-    try:
-        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
-    finally:
-        await remote.aclose()
-        await runner.cleanup()
+    result = await remote_seller_against(handler)
     texts = [f"{t.action.message} {t.action.raw} {t.action.error} {t.feedback}" for t in result.turns]
     assert all(TOKEN not in text for text in texts) and any("[redacted:NEGO_AGENT_TOKEN]" in t for t in texts)
 
     async def failing(request: web.Request) -> web.Response:
         return web.Response(status=401, text=f"bad token {TOKEN}")
 
-    runner, url = await serve_raw(failing)
-    remote = RemoteFactory(url, token=TOKEN, retries=0, backoff_s=0)
-    try:
-        result = await run_negotiation(make_widget_scenario(), remote(Role.SELLER, 4), Stepper(Role.BUYER, 0))
-    finally:
-        await remote.aclose()
-        await runner.cleanup()
+    result = await remote_seller_against(failing, retries=0)
     assert result.outcome.end_reason is EndReason.ERROR and TOKEN not in result.outcome.error
