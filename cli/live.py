@@ -144,13 +144,7 @@ class MarketWatch:
         return self.done / max(1e-9, time.perf_counter() - self.started)
 
 
-def _ongoing_cells(row: _Ongoing) -> tuple[Text, ...]:
-    """A row of the table of negotiations in progress; its cells are printed as they are (names, scenario ids and
-    offer values come from outside nego)."""
-    return tuple(map(Text, _ongoing_texts(row)))
-
-
-def _ongoing_texts(row: _Ongoing) -> tuple[str, ...]:
+def _ongoing_cells(row: _Ongoing) -> tuple[str, ...]:
     job, last = row.job, row.last
     if last is None:
         return (f"{job.seller} vs {job.buyer}", job.scenario.id, "0", "", "-", "-")
@@ -238,7 +232,7 @@ class LiveView:
         for col in ("pair", "scenario", "round", "last move", "u_seller", "u_buyer"):
             ongoing.add_column(col, overflow="ellipsis", no_wrap=True)
         for row in list(w.ongoing.values())[:MAX_ROWS]:
-            ongoing.add_row(*_ongoing_cells(row))
+            ongoing.add_row(*map(Text, _ongoing_cells(row)))  # names, ids and offer values, printed as they are
         parts = [ongoing, deal_tape(w), stats_table(w)]
         if w.learners or any(learning for _, learning in w.by_day):
             parts.append(learning_table(w))

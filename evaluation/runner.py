@@ -147,16 +147,13 @@ def read_manifest(directory: Path) -> dict:
 def _manifest_at(path: Path) -> dict:
     """The manifest in ``path``; one that is not a JSON object (edited, or cut short by an older version) is a
     ValueError that says what to do."""
+    fix = f"choose another --out, or delete {path.parent} to play the run there afresh"
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        manifest = e
+        raise ValueError(f"{path} is not a run manifest ({e}): {fix}") from None
     if not isinstance(manifest, dict):
-        detail = f" ({manifest})" if isinstance(manifest, Exception) else ""
-        raise ValueError(
-            f"{path} is not a run manifest{detail}: choose another --out, or delete {path.parent} to play the run "
-            "there afresh"
-        )
+        raise ValueError(f"{path} is not a run manifest: {fix}")
     return manifest
 
 
